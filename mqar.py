@@ -1,0 +1,347 @@
+"""Synthetic associative-recall data for Zoology (Arora et al., 2023).
+
+Implements, in the order of ../shared/paper/SPEC.md:
+  §1  Procedure 1 (appendix E): multi-query associative recall, `multiquery_ar`;
+      and the older single-query AR task it replaces, `associative_recall`.
+  §2  Appendix G: key-value bigram sequences over a pretrained model's vocabulary,
+      for measuring AR perplexity without training, `bigram_recall_sequences`.
+
+Glossary (code name -> paper symbol):
+  vocab_size   c = |C|     vocabulary; keys come from [1, c/2), values from [c/2, c)
+  seq_len      N           sequence length
+  num_kv_pairs D           key-value pairs per example (= queries per example)
+  power_a      α           power law of the query slots, P(g) ∝ α·(g+1)^(α-1)
+  space        N/2 - D     number of query slots after the 2D context tokens
+  B                        number of examples
+
+Every generator is vectorized over examples (no Python loop over rows) and draws from its
+own `numpy.random.Generator(seed)`: the global numpy / torch / random states are never read
+or changed, and the same arguments give the same tensors. Generation runs in numpy, whose
+allocations `tracemalloc` can see (the benchmark measures peak memory with it); the results
+are handed to torch without a copy.
+
+`python mqar.py` prints one example; `python mqar.py --bench` compares the generator with a
+per-example implementation of the official algorithm, in one run.
+"""
+import argparse
+import time
+import tracemalloc
+
+import numpy as np
+import torch
+
+IGNORE = -100  # label of every position that carries no loss (PyTorch's ignore_index)
+
+
+# ----------------------------------------------------------------------------------------
+# argument checks
+
+def _check_int(name, value, low, allowed):
+    """Raise a ValueError naming `name` unless `value` is an int >= low."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name}={value!r} is not allowed: {name} must be {allowed}")
+
+
+def _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, seed):
+    _check_int("num_examples", num_examples, 0, "an integer >= 0")
+    _check_int("seq_len", seq_len, 4, "an even integer >= 4")
+    if seq_len % 2:
+        raise ValueError(f"seq_len={seq_len} is not allowed: seq_len must be even "
+                         "(query slots sit at every other position after the context)")
+    _check_int("num_kv_pairs", num_kv_pairs, 1, "an integer >= 1")
+    if 4 * num_kv_pairs > seq_len:
+        raise ValueError(f"num_kv_pairs={num_kv_pairs} is not allowed with seq_len={seq_len}: "
+                         f"4*num_kv_pairs must be <= seq_len (at most {seq_len // 4}), so that "
+                         "every key gets its own query slot")
+    _check_int("vocab_size", vocab_size, seq_len + 1, f"an integer > seq_len={seq_len}")
+    if isinstance(power_a, bool) or not isinstance(power_a, (int, float)) or not power_a > 0:
+        raise ValueError(f"power_a={power_a!r} is not allowed: power_a must be a number > 0")
+    _check_int("seed", seed, 0, "an integer >= 0")
+
+
+# ----------------------------------------------------------------------------------------
+# vectorized sampling helpers
+
+def sample_distinct(rng, num_rows, k, low, high):
+    """k distinct integers from [low, high) per row, uniformly over ordered k-tuples.
+
+    Floyd's algorithm, vectorized over rows: for j = M-k .. M-1 draw t uniform in [0, j];
+    take t unless this row already holds it, then take j. That gives a uniform k-subset
+    in O(rows·k²) work and O(rows·k) memory (never O(rows·M)); a random permutation per
+    row then makes the order uniform too. Returns int64 (num_rows, k).
+    """
+    M = high - low
+    assert 0 <= k <= M, (k, M)
+    j = np.arange(M - k, M)
+    draws = (rng.random((num_rows, k)) * (j + 1)).astype(np.int64)        # t_i in [0, j_i]
+    chosen = np.empty((num_rows, k), dtype=np.int64)
+    for i in range(k):
+        taken = (chosen[:, :i] == draws[:, i:i + 1]).any(axis=1)
+        chosen[:, i] = np.where(taken, j[i], draws[:, i])
+    order = np.argsort(rng.random((num_rows, k), dtype=np.float32), axis=1)
+    return np.take_along_axis(chosen, order, axis=1) + low
+
+
+def power_law_probs(space, power_a):
+    """P(g) ∝ α·(g+1)^(α-1) for the query slots g = 0..space-1 (Procedure 1)."""
+    p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+    return p / p.sum()
+
+
+def sample_weighted_without_replacement(rng, num_rows, k, probs):
+    """k distinct indices per row, drawn one after another with P ∝ probs among those left.
+
+    This is what `numpy.random.choice(len(probs), k, replace=False, p=probs)` does, in the
+    same order: the first index is distributed exactly as `probs`. Vectorized with the
+    exponential-race trick: index i gets the key E_i / p_i with E_i ~ Exp(1); the k smallest
+    keys, in increasing order, are a sequential weighted draw. Returns int64 (num_rows, k).
+    """
+    keys = rng.standard_exponential((num_rows, len(probs)), dtype=np.float32)
+    keys /= probs.astype(np.float32)
+    top = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < len(probs) else \
+        np.broadcast_to(np.arange(k), (num_rows, k))
+    order = np.argsort(np.take_along_axis(keys, top, axis=1), axis=1)
+    return np.take_along_axis(top, order, axis=1).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------------------
+# §1 Procedure 1: multi-query associative recall
+
+def multiquery_ar(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4, power_a=0.01,
+                  random_non_queries=False, seed=0):
+    """MQAR examples in the official layout (Procedure 1, appendix E; SPEC §1).
+
+    Each row: `k1 v1 k2 v2 ... kD vD` at positions 0..2D-1, keys distinct from [1, c/2),
+    values distinct from [c/2, c). After the context there are space = (N - 2D) // 2 query
+    slots, slot g at position 2D + 2g. Key i is queried exactly once, at slot g_i, the D
+    slots drawn without replacement with P(g) ∝ α(g+1)^(α-1), key 1 drawn first (as
+    `np.random.choice(..., replace=False, p=p)` does in the official code). The label at a
+    query position is the value paired with that key (the model predicts it as the next
+    token); every other label is -100. Other positions hold the filler 0, or with
+    `random_non_queries` random tokens from [0, c) that never equal a key of that example.
+
+    Deviation from the official code: its random non-query tokens are drawn from all of
+    [0, c) and can collide with a key of the example, which puts a second, unlabelled copy
+    of a key in the sequence and makes some queries ambiguous (a reported bug). Ours skip
+    the example's keys (they may still equal its values, which is harmless: recall is keyed
+    on keys).
+
+    Returns (inputs, labels): int64 tensors of shape (num_examples, seq_len).
+    """
+    _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, seed)
+    if not isinstance(random_non_queries, bool):
+        raise ValueError(f"random_non_queries={random_non_queries!r} is not allowed: "
+                         "it must be True or False")
+    B, N, D, c = num_examples, seq_len, num_kv_pairs, vocab_size
+    rng = np.random.default_rng(seed)
+    keys = sample_distinct(rng, B, D, 1, c // 2)                            # (B, D)
+    values = sample_distinct(rng, B, D, c // 2, c)                          # (B, D)
+    space = (N - 2 * D) // 2
+    slots = sample_weighted_without_replacement(rng, B, D, power_law_probs(space, power_a))
+    query_pos = 2 * D + 2 * slots                                           # (B, D)
+
+    if random_non_queries:
+        inputs = _fill_avoiding(rng, (B, N), c, np.sort(keys, axis=1))
+    else:
+        inputs = np.zeros((B, N), dtype=np.int64)
+    inputs[:, 0:2 * D:2] = keys
+    inputs[:, 1:2 * D:2] = values
+    np.put_along_axis(inputs, query_pos, keys, axis=1)
+    labels = np.full((B, N), IGNORE, dtype=np.int64)
+    np.put_along_axis(labels, query_pos, values, axis=1)
+    return torch.from_numpy(inputs), torch.from_numpy(labels)
+
+
+def _fill_avoiding(rng, shape, vocab_size, sorted_avoid):
+    """Uniform tokens from [0, c) minus the row's `sorted_avoid` (ascending, distinct).
+
+    Draw r uniform in [0, c - k), then step it past each avoided token in ascending order:
+    a bijection from [0, c - k) onto the allowed tokens, so the result is uniform on them.
+    """
+    k = sorted_avoid.shape[1]
+    out = rng.integers(0, vocab_size - k, size=shape, dtype=np.int64)
+    for j in range(k):
+        out += out >= sorted_avoid[:, j:j + 1]
+    return out
+
+
+def multiquery_ar_per_example(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4,
+                              power_a=0.01, seed=0):
+    """The official algorithm one example at a time: the baseline of `--bench`.
+
+    Same layout and distribution as `multiquery_ar` (filler 0), drawn the way the official
+    code draws each row: numpy's legacy `choice(..., replace=False)` per example (here on a
+    private `RandomState(seed)`, where the official code uses the global one). Not the same
+    random numbers. Slow by design; kept for the benchmark and for distribution tests.
+    """
+    _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, seed)
+    B, N, D, c = num_examples, seq_len, num_kv_pairs, vocab_size
+    rng = np.random.RandomState(seed)
+    space = (N - 2 * D) // 2
+    p = power_law_probs(space, power_a)
+    inputs = np.zeros((B, N), dtype=np.int64)
+    labels = np.full((B, N), IGNORE, dtype=np.int64)
+    for b in range(B):
+        keys = rng.choice(np.arange(1, c // 2), D, replace=False)
+        values = rng.choice(np.arange(c // 2, c), D, replace=False)
+        slots = rng.choice(space, D, replace=False, p=p)
+        inputs[b, 0:2 * D:2] = keys
+        inputs[b, 1:2 * D:2] = values
+        inputs[b, 2 * D + 2 * slots] = keys
+        labels[b, 2 * D + 2 * slots] = values
+    return torch.from_numpy(inputs), torch.from_numpy(labels)
+
+
+# ----------------------------------------------------------------------------------------
+# §1, last paragraph: the older single-query AR task, for contrast
+
+def associative_recall(num_examples, vocab_size=40, seq_len=33, seed=0):
+    """Single-query associative recall, as in the H3 / Hyena synthetics (SPEC §1).
+
+    A small vocabulary (≤ 40 in those papers, below the model width), D = (N - 1) // 2
+    pairs `k1 v1 ... kD vD` with distinct keys from [1, c/2) and values from [c/2, c)
+    (values may repeat), then ONE query: a key of the example drawn uniformly, at the last
+    position, labelled with its value. With even N the first position is the filler 0.
+    Gated convolutions solve this easily; that is why MQAR was needed.
+
+    Returns (inputs, labels): int64 tensors (num_examples, seq_len), labels -100 except at
+    the last position.
+    """
+    _check_int("num_examples", num_examples, 0, "an integer >= 0")
+    _check_int("seq_len", seq_len, 3, "an integer >= 3")
+    D = (seq_len - 1) // 2
+    _check_int("vocab_size", vocab_size, 2 * D + 2,
+               f"an integer >= {2 * D + 2} (seq_len={seq_len} needs {D} distinct keys "
+               "below vocab_size/2)")
+    _check_int("seed", seed, 0, "an integer >= 0")
+    B, N, c = num_examples, seq_len, vocab_size
+    rng = np.random.default_rng(seed)
+    keys = sample_distinct(rng, B, D, 1, c // 2)
+    values = rng.integers(c // 2, c, size=(B, D))
+    which = rng.integers(0, D, size=(B, 1))
+    inputs = np.zeros((B, N), dtype=np.int64)
+    start = N - 1 - 2 * D
+    inputs[:, start:N - 1:2] = keys
+    inputs[:, start + 1:N - 1:2] = values
+    inputs[:, -1] = np.take_along_axis(keys, which, axis=1)[:, 0]
+    labels = np.full((B, N), IGNORE, dtype=np.int64)
+    labels[:, -1] = np.take_along_axis(values, which, axis=1)[:, 0]
+    return torch.from_numpy(inputs), torch.from_numpy(labels)
+
+
+# ----------------------------------------------------------------------------------------
+# §2 Appendix G: bigram sequences for AR perplexity of a pretrained model
+
+def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_len=1024,
+                            seed=0):
+    """Sequences for the appendix G measurement (SPEC §2): inference only, no labels.
+
+    Each row holds P = num_pairs key-value bigrams, each appearing twice, on 4P of the
+    seq_len positions; every other position holds the one `filler_id`. The 2P bigram
+    copies sit on distinct aligned slots (positions 2s, 2s+1), chosen uniformly, and the
+    two copies of each bigram are placed in random order among them. Keys and values are
+    2P distinct ids drawn from `token_ids` (the model's own vocabulary; filler excluded),
+    so every repeated key determines its value.
+
+    Returns (inputs, ar_mask, filler_mask), each (num_examples, seq_len); the masks mark
+    *target* positions t for next-token prediction from positions < t:
+      ar_mask[t]     token t is the value of a bigram whose key is at t-1 for the second
+                     time (an AR token: predictable only by recall);
+      filler_mask[t] token t is the filler (the paper's non-AR tokens).
+    """
+    token_ids = torch.as_tensor(token_ids).flatten().unique()
+    _check_int("num_examples", num_examples, 0, "an integer >= 0")
+    _check_int("seq_len", seq_len, 4, "an integer >= 4")
+    _check_int("num_pairs", num_pairs, 1, f"an integer >= 1 with 4*num_pairs <= seq_len")
+    if 4 * num_pairs > seq_len:
+        raise ValueError(f"num_pairs={num_pairs} is not allowed with seq_len={seq_len}: "
+                         f"4*num_pairs must be <= seq_len (at most {seq_len // 4})")
+    pool = token_ids[token_ids != filler_id].numpy()
+    if len(pool) < 2 * num_pairs:
+        raise ValueError(f"token_ids has {len(pool)} ids other than filler_id={filler_id}; "
+                         f"num_pairs={num_pairs} needs at least {2 * num_pairs}")
+    _check_int("seed", seed, 0, "an integer >= 0")
+    B, P, N = num_examples, num_pairs, seq_len
+    rng = np.random.default_rng(seed)
+    ids = pool[sample_distinct(rng, B, 2 * P, 0, len(pool))]                # (B, 2P)
+    slots = np.sort(sample_distinct(rng, B, 2 * P, 0, N // 2), axis=1)       # (B, 2P)
+    copies = np.argsort(rng.random((B, 2 * P)), axis=1) % P                  # each pair twice
+    key_pos = 2 * slots
+    inputs = np.full((B, N), filler_id, dtype=np.int64)
+    np.put_along_axis(inputs, key_pos, np.take_along_axis(ids[:, :P], copies, 1), axis=1)
+    np.put_along_axis(inputs, key_pos + 1, np.take_along_axis(ids[:, P:], copies, 1), axis=1)
+    # the second copy of pair j is the later of its two slots
+    seen_before = np.zeros((B, 2 * P), dtype=bool)
+    first = np.full((B, P), -1)
+    for s in range(2 * P):  # a loop over slots (≤ 2P), vectorized over examples
+        j = copies[:, s]
+        seen_before[:, s] = np.take_along_axis(first, j[:, None], 1)[:, 0] >= 0
+        np.put_along_axis(first, j[:, None], s, axis=1)
+    ar_mask = np.zeros((B, N), dtype=bool)
+    np.put_along_axis(ar_mask, key_pos + 1, seen_before, axis=1)
+    filler_mask = inputs == filler_id
+    return torch.from_numpy(inputs), torch.from_numpy(ar_mask), torch.from_numpy(filler_mask)
+
+
+# ----------------------------------------------------------------------------------------
+# printing and benchmark
+
+def format_example(inputs, labels):
+    """One example as aligned columns: position, input token, label ('.' when ignored)."""
+    rows = [("pos", "input", "label")]
+    for t, (x, y) in enumerate(zip(inputs.tolist(), labels.tolist())):
+        rows.append((str(t), str(x), "." if y == IGNORE else str(y)))
+    width = max(len(cell) for row in rows for cell in row) + 1
+    return "\n".join("".join(cell.rjust(width) for cell in col) for col in zip(*rows))
+
+
+def _seconds(fn, *args, repeats=3, **kwargs):
+    """Best wall time of `repeats` calls (after one warm-up call when repeats > 1)."""
+    if repeats > 1:
+        fn(*args, **kwargs)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _peak_bytes(fn, *args, **kwargs):
+    """(peak bytes traced by tracemalloc during one call, bytes of its output tensors)."""
+    tracemalloc.start()
+    out = fn(*args, **kwargs)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, sum(t.numel() * t.element_size() for t in out)
+
+
+def bench():
+    """Generator vs the per-example official algorithm, measured in this run."""
+    N, D, MiB = 256, 16, 2**20
+    print(f"MQAR generator benchmark, N={N}, D={D}, c=8192 "
+          "(time: best of 3 after a warm-up; peak memory: tracemalloc, one call)")
+    fast_s = _seconds(multiquery_ar, 10_000, seq_len=N, num_kv_pairs=D)
+    slow_s = _seconds(multiquery_ar_per_example, 10_000, seq_len=N, num_kv_pairs=D,
+                      repeats=1)
+    fast_peak, out_bytes = _peak_bytes(multiquery_ar, 10_000, seq_len=N, num_kv_pairs=D)
+    slow_peak, _ = _peak_bytes(multiquery_ar_per_example, 10_000, seq_len=N, num_kv_pairs=D)
+    print(f"  10,000 examples   vectorized  {fast_s:7.3f} s  peak {fast_peak / MiB:6.1f} MiB")
+    print(f"                    per-example {slow_s:7.3f} s  peak {slow_peak / MiB:6.1f} MiB")
+    print(f"                    speedup {slow_s / fast_s:.1f}x, output {out_bytes / MiB:.1f} MiB")
+    big_s = _seconds(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D, repeats=1)
+    big_peak, big_out = _peak_bytes(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D)
+    print(f"  100,000 examples  vectorized  {big_s:7.3f} s  peak {big_peak / MiB:6.1f} MiB, "
+          f"output {big_out / MiB:.1f} MiB, peak/output {big_peak / big_out:.2f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", action="store_true", help="time the generator")
+    if parser.parse_args().bench:
+        bench()
+    else:
+        x, y = multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4, seed=0)
+        print("multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4): "
+              "keys, values, then each key queried once; its label is its value\n")
+        print(format_example(x[0], y[0]))
