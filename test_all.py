@@ -294,7 +294,7 @@ def test_bigram_recall_rejects_bad_arguments():
 
 
 # ----------------------------------------------------------------------------------------
-# mixers.py: properties every mixer must have
+# mixers.py: helpers
 
 def make_mixer(name, D=16, T=24, dtype=torch.float64, seed=0, **kwargs):
     torch.manual_seed(seed)
@@ -311,9 +311,35 @@ def run_steps(mixer, x):
     return torch.stack(ys, 1), states
 
 
-@pytest.mark.parametrize("name", list(MIXERS))
-def test_mixer_is_causal(name):
-    m = make_mixer(name).eval()
+# every mixer with its defaults, and the options that change the code path it takes
+CASES = [(name, {}) for name in MIXERS] + [
+    ("sliding_window", dict(window=5)),
+    ("sliding_window", dict(window=1)),
+    ("sliding_window", dict(window=5, num_heads=4)),
+    ("blocked_attention", dict(block_size=5)),
+    ("blocked_attention", dict(block_size=1)),
+    ("short_conv", dict(kernel_size=1)),
+    ("short_conv", dict(kernel_size=30)),
+    ("long_conv", dict(filter="implicit")),
+    ("base_conv", dict(kernel_size=3)),
+    ("base_conv", dict(filter="explicit")),
+    ("base_conv", dict(form="paper")),
+    ("base_conv", dict(form="paper", kernel_size=3)),
+    ("hyena", dict(order=1)),
+    ("hyena", dict(order=3, short_kernel_size=4)),
+    ("h3", dict(head_dim=4, d_state=8)),
+    ("h3", dict(d_state=4, shift_size=3)),
+    ("h3", dict(shift_size=20)),
+]
+IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.py: properties every mixer must have, over CASES
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_mixer_is_causal(name, kw):
+    m = make_mixer(name, **kw).eval()
     x = torch.randn(2, 24, 16, dtype=torch.float64)
     for t in (0, 7, 23):
         x2 = x.clone()
@@ -323,10 +349,10 @@ def test_mixer_is_causal(name):
         assert not torch.allclose(y[:, t:], y2[:, t:]), "the change must be seen at t"
 
 
-@pytest.mark.parametrize("name", list(MIXERS))
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_mixer_step_equals_forward(name, dtype, tol):
-    m = make_mixer(name, dtype=dtype).eval()
+def test_mixer_step_equals_forward(name, kw, dtype, tol):
+    m = make_mixer(name, dtype=dtype, **kw).eval()
     x = torch.randn(3, 24, 16, dtype=dtype)
     with torch.no_grad():
         ys, _ = run_steps(m, x)
@@ -335,21 +361,24 @@ def test_mixer_step_equals_forward(name, dtype, tol):
     assert torch.allclose(ys, y, atol=tol, rtol=tol), (ys - y).abs().max()
 
 
-@pytest.mark.parametrize("name", list(MIXERS))
-def test_mixer_state_size_is_the_real_state(name):
-    m = make_mixer(name).eval()
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_mixer_state_size_is_the_real_state(name, kw):
+    m = make_mixer(name, **kw).eval()
     with torch.no_grad():
         _, states = run_steps(m, torch.randn(2, 24, 16, dtype=torch.float64))
     for t in (1, 2, 5, 24):
         state = states[t - 1]
         assert all(s.shape[0] == 2 for s in state), "batch is dimension 0 of every state"
         assert mixers.state_numel(state) == m.state_size(t)
+    assert m.state_size(0) == 0, "state=None before the first token"
 
 
-@pytest.mark.parametrize("name", [n for n in MIXERS if "impl" in
-                                  MIXERS[n].__init__.__code__.co_varnames])
-def test_mixer_fast_equals_reference(name):
-    fast, ref = make_mixer(name, impl="fast"), make_mixer(name, impl="reference")
+@pytest.mark.parametrize("name,kw", [c for c in CASES if "impl" in
+                                     MIXERS[c[0]].__init__.__code__.co_varnames],
+                         ids=[i for c, i in zip(CASES, IDS) if "impl" in
+                              MIXERS[c[0]].__init__.__code__.co_varnames])
+def test_mixer_fast_equals_reference(name, kw):
+    fast, ref = make_mixer(name, impl="fast", **kw), make_mixer(name, impl="reference", **kw)
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 24, 16, dtype=torch.float64, requires_grad=True)
     yf, yr = fast(x), ref(x)
@@ -361,13 +390,21 @@ def test_mixer_fast_equals_reference(name):
         assert torch.allclose(a, b, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("name", list(MIXERS))
-def test_gradients_reach_every_parameter(name):
-    m = make_mixer(name, dtype=torch.float32)
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_gradients_reach_every_parameter(name, kw):
+    m = make_mixer(name, dtype=torch.float32, **kw)
     m(torch.randn(2, 24, 16)).square().sum().backward()
     for pname, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
+
+def test_every_issue_4_mixer_is_registered():
+    assert set(MIXERS) == {"attention", "sliding_window", "blocked_attention", "short_conv",
+                           "long_conv", "base_conv", "hyena", "h3"}
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.py: attention
 
 def test_attention_reference_is_the_textbook_formula():
     """Checks the reference itself against a loop over query positions."""
@@ -387,6 +424,302 @@ def test_attention_multihead_and_bad_arguments():
         MIXERS["attention"](16, 24, num_heads=3)
     with pytest.raises(ValueError, match="impl='flash'"):
         MIXERS["attention"](16, 24, impl="flash")
+
+
+# ----------------------------------------------------------------------------------------
+# sliding-window and blocked attention
+
+def test_masks_are_what_their_docstrings_say():
+    T = 9
+    i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    assert np.array_equal(mixers.sliding_window_mask(T, 3).numpy(), (j <= i) & (j > i - 3))
+    assert np.array_equal(mixers.block_mask(T, 4).numpy(), (j <= i) & (i // 4 == j // 4))
+    assert torch.equal(mixers.sliding_window_mask(T, T), mixers.causal_mask(T))
+    assert torch.equal(mixers.block_mask(T, T), mixers.causal_mask(T))
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_window_at_least_T_is_exactly_attention(impl):
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    attn = make_mixer("attention", impl=impl)
+    y = attn(x)
+    for window in (24, 1000):
+        m = make_mixer("sliding_window", window=window, impl=impl)
+        m.load_state_dict(attn.state_dict())
+        assert torch.equal(m(x), y)
+        assert torch.equal(run_steps(m, x)[0], run_steps(attn, x)[0])
+    # the comparison has power: one token less of window changes the output
+    m = make_mixer("sliding_window", window=23, impl=impl)
+    m.load_state_dict(attn.state_dict())
+    assert not torch.allclose(m(x)[:, 23], y[:, 23], atol=1e-6)
+    assert torch.equal(m(x)[:, :23], y[:, :23])
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_window_of_one_attends_only_to_itself(impl):
+    """softmax over a single key is 1, so y_i = W_o v_i + b_o."""
+    m = make_mixer("sliding_window", window=1, impl=impl)
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    v = m.qkv(x)[..., 32:]
+    assert torch.allclose(m(x), m.out_proj(v), atol=1e-12)
+    ys, states = run_steps(m, x)
+    assert torch.allclose(ys, m.out_proj(v), atol=1e-12)
+    assert all(mixers.state_numel(s) == 0 for s in states), "nothing to remember"
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+@pytest.mark.parametrize("block_size", [1, 5, 8])
+def test_blocked_attention_is_attention_on_each_block(impl, block_size):
+    m = make_mixer("blocked_attention", block_size=block_size, impl=impl)
+    attn = make_mixer("attention", impl=impl)
+    attn.load_state_dict(m.state_dict())
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    y = torch.cat([attn(x[:, s:s + block_size]) for s in range(0, 24, block_size)], dim=1)
+    assert torch.allclose(m(x), y, atol=1e-12)
+    if block_size > 1:
+        assert not torch.allclose(attn(x), y, atol=1e-6), "blocks do change the output"
+
+
+def test_window_and_block_states_have_the_documented_sizes():
+    D = 16
+    w = make_mixer("sliding_window", window=5)
+    b = make_mixer("blocked_attention", block_size=5)
+    x = torch.randn(1, 24, D, dtype=torch.float64)
+    for m, size in ((w, lambda t: 2 * min(t, 4) * D), (b, lambda t: 2 * (t % 5) * D)):
+        _, states = run_steps(m, x)
+        assert [mixers.state_numel(s) for s in states] == [size(t) for t in range(1, 25)]
+
+
+# ----------------------------------------------------------------------------------------
+# the causal convolution shared by every convolving mixer
+
+def conv_by_numpy(u, h):
+    """np.convolve per batch row and channel, truncated to the first T outputs."""
+    B, T, D = u.shape
+    y = np.zeros((B, T, D))
+    for b in range(B):
+        for d in range(D):
+            y[b, :, d] = np.convolve(u[b, :, d].numpy(), h[d].numpy())[:T]
+    return torch.from_numpy(y)
+
+
+@pytest.mark.parametrize("T", [1, 7, 24, 33])
+@pytest.mark.parametrize("K", [1, 3, 16, 17, 24, 40])
+def test_causal_conv_forms_agree(T, K):
+    u = torch.randn(2, T, 5, dtype=torch.float64)
+    h = torch.randn(5, K, dtype=torch.float64)
+    ref = mixers.causal_conv_reference(u, h)
+    assert torch.allclose(ref, conv_by_numpy(u, h), atol=1e-12)
+    for form in (mixers.causal_conv_direct, mixers.causal_conv_fft,
+                 lambda u, h: mixers.causal_conv(u, h, "fast")):
+        assert torch.allclose(form(u, h), ref, atol=1e-12), form
+
+
+def test_causal_conv_fast_path_choice_and_gradients():
+    """Short filters go through conv1d and long ones through the FFT; both differentiate
+    like the reference."""
+    u = torch.randn(2, 40, 3, dtype=torch.float64, requires_grad=True)
+    for K in (mixers.SHORT_FILTER, mixers.SHORT_FILTER + 1, 40):
+        h = torch.randn(3, K, dtype=torch.float64, requires_grad=True)
+        gy = torch.randn(2, 40, 3, dtype=torch.float64)
+        ga = torch.autograd.grad(mixers.causal_conv(u, h, "fast"), [u, h], gy)
+        gb = torch.autograd.grad(mixers.causal_conv(u, h, "reference"), [u, h], gy)
+        for a, b in zip(ga, gb):
+            assert torch.allclose(a, b, atol=1e-10)
+
+
+def test_fft_without_padding_would_wrap_around():
+    """The 2T padding matters: an unpadded FFT product is the cyclic convolution."""
+    u = torch.randn(1, 16, 2, dtype=torch.float64)
+    h = torch.randn(2, 16, dtype=torch.float64)
+    cyclic = torch.fft.irfft(torch.fft.rfft(u, dim=1) * torch.fft.rfft(h.T, dim=0), n=16, dim=1)
+    assert not torch.allclose(cyclic, mixers.causal_conv_fft(u, h), atol=1e-6)
+
+
+def test_causal_conv_step_reproduces_the_convolution():
+    u = torch.randn(2, 12, 3, dtype=torch.float64)
+    for K in (1, 4, 12):
+        h = torch.randn(3, K, dtype=torch.float64)
+        past, ys = mixers.no_history(u[:, 0], 3), []
+        for t in range(12):
+            y_t, past = mixers.causal_conv_step(u[:, t], past, h)
+            ys.append(y_t)
+            assert past.shape[1] == min(t + 1, K - 1)
+        y = mixers.causal_conv_reference(u, h)
+        assert torch.allclose(torch.stack(ys, 1), y, atol=1e-12)
+
+
+def test_implicit_filter_decays_as_documented():
+    decay = mixers.exponential_decay(101, 4, dtype=torch.float64)
+    assert torch.allclose(decay[:, 0], torch.ones(4, dtype=torch.float64))
+    assert decay[-1, 30].item() == pytest.approx(1e-2, rel=1e-9)     # fastest: 1% at t=0.3
+    assert decay[0, 100].item() == pytest.approx(1e-2 ** (1 / 1.5), rel=1e-9)
+    h = mixers.ImplicitFilter(8, 50).double()()
+    assert h.shape == (8, 50)
+
+
+# ----------------------------------------------------------------------------------------
+# BaseConv
+
+def test_base_conv_paper_form_is_the_formula():
+    """y[t, d] = (Σ_e u[t, e] W[e, d] + b1[t, d]) · (Σ_{s<=t} h[d, s] u[t-s, d] + b2[t, d])"""
+    T, D = 6, 3
+    m = make_mixer("base_conv", D=D, T=T, form="paper", filter="explicit")
+    with torch.no_grad():
+        m.b1.normal_(), m.b2.normal_()
+    u = torch.randn(2, T, D, dtype=torch.float64)
+    W, h, b1, b2 = m.proj.weight.T, m.filter.h, m.b1, m.b2
+    y = torch.zeros(2, T, D, dtype=torch.float64)
+    for b in range(2):
+        for t in range(T):
+            for d in range(D):
+                gate = sum(u[b, t, e] * W[e, d] for e in range(D)) + b1[t, d]
+                conv = sum(h[d, s] * u[b, t - s, d] for s in range(t + 1)) + b2[t, d]
+                y[b, t, d] = gate * conv
+    assert torch.allclose(m(u), y, atol=1e-12)
+    assert torch.allclose(run_steps(m, u)[0], y, atol=1e-12)
+
+
+def test_base_conv_official_form_is_gated_conv_plus_residual():
+    m = make_mixer("base_conv", kernel_size=3)
+    assert isinstance(m.filter, mixers.ExplicitFilter), "short filters are explicit"
+    assert isinstance(make_mixer("base_conv").filter, mixers.ImplicitFilter)
+    u = torch.randn(2, 24, 16, dtype=torch.float64)
+    y = conv_by_numpy(u, m.filter.h.detach()) * m.proj(u) + u
+    assert torch.allclose(m(u), y, atol=1e-12)
+
+
+def test_base_conv_paper_form_rejects_longer_inputs():
+    m = make_mixer("base_conv", form="paper")
+    with pytest.raises(ValueError, match="T=25 is not allowed.*seq_len=24"):
+        m(torch.randn(1, 25, 16, dtype=torch.float64))
+    _, states = run_steps(m, torch.randn(1, 24, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="T=25 is not allowed"):
+        m.step(torch.randn(1, 16, dtype=torch.float64), states[-1])
+
+
+# ----------------------------------------------------------------------------------------
+# Hyena
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_hyena_is_algorithm_3(order):
+    """A literal loop: projection, short conv, z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}), W_o."""
+    T, D = 6, 2
+    m = make_mixer("hyena", D=D, T=T, order=order)
+    u = torch.randn(1, T, D, dtype=torch.float64)
+    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (L+1)·D)
+    g, hl = m.short_filter(), m.long_filter()
+    short = [[sum(g[c, s] * proj[t - s, c] for s in range(min(t + 1, g.shape[1])))
+              for c in range((order + 1) * D)] for t in range(T)]
+    p = [[[short[t][l * D + d] for d in range(D)] for t in range(T)] for l in range(order)]
+    z = [[short[t][order * D + d] for d in range(D)] for t in range(T)]       # z^0 = v
+    for l in range(order):
+        z = [[p[l][t][d] * sum(hl[l * D + d, s] * z[t - s][d] for s in range(t + 1))
+              for d in range(D)] for t in range(T)]
+    y = torch.stack([torch.stack(row) for row in z]) @ m.out_proj.weight.T + m.out_proj.bias
+    assert torch.allclose(m(u)[0], y, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# H3
+
+def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response():
+    torch.manual_seed(0)
+    m = make_mixer("h3", d_state=8)
+    log_dt, A, C, _ = m._ssm()
+    T = 40
+    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T)                          # (D, T)
+    x = torch.zeros(1, *A.shape, dtype=A.dtype)
+    response = []
+    for t in range(T):
+        u_t = torch.zeros(1, A.shape[0], dtype=torch.float64) + (t == 0)
+        y_t, x = mixers.diagonal_ssm_step(u_t, x, log_dt, A, C)
+        response.append(y_t[0])
+    assert torch.allclose(torch.stack(response, 1), K, atol=1e-12)
+    assert K.abs().max() > 1e-3, "a kernel of zeros would pass trivially"
+
+
+def test_ssm_discretization_is_zero_order_hold():
+    """Ā and B̄ are the blocks of exp(Δ·[[A, 1], [0, 0]]) (Van Loan): x' = Ax + u over one
+    step of length Δ with u held constant."""
+    log_dt = torch.tensor([-1.0, -3.0], dtype=torch.float64)
+    A = torch.tensor([[-0.5 + 2.0j], [-0.1 + 0.3j]], dtype=torch.complex128)
+    dA, dB = mixers.ssm_discretize(log_dt, A)
+    for c in range(2):
+        M = torch.zeros(2, 2, dtype=torch.complex128)
+        M[0, 0], M[0, 1] = A[c, 0], 1
+        E = torch.linalg.matrix_exp(log_dt[c].exp() * M)
+        assert torch.allclose(dA[c, 0], E[0, 0], atol=1e-12)
+        assert torch.allclose(dB[c, 0], E[0, 1], atol=1e-12)
+
+
+def test_shift_ssm_kernel_is_its_filter():
+    h = torch.randn(3, 4, dtype=torch.float64)
+    x, response = torch.zeros(1, 3, 4, dtype=torch.float64), []
+    for t in range(7):
+        y_t, x = mixers.shift_ssm_step(torch.full((1, 3), float(t == 0), dtype=torch.float64),
+                                       x, h)
+        response.append(y_t[0])
+    assert torch.allclose(torch.stack(response, 1), torch.cat([h, torch.zeros(3, 3)], 1))
+
+
+def test_h3_per_head_outer_product_is_the_formula():
+    """y_hj[t] = Σ_i q_hi[t] (Σ_{s<=t} K_h[s] k̃_hi[t-s] v_hj[t-s] + D_h k̃_hi[t] v_hj[t])"""
+    T, D, hd = 5, 4, 2
+    m = make_mixer("h3", D=D, T=T, head_dim=hd, d_state=4, shift_size=2)
+    u = torch.randn(1, T, D, dtype=torch.float64)
+    q, k, v = (u[0] @ m.qkv.weight.T + m.qkv.bias).split(D, dim=-1)          # (T, D)
+    g = m.shift_filter()
+    k = torch.stack([sum(g[:, s] * k[t - s] for s in range(min(t + 1, 2)))
+                     for t in range(T)])                                     # shift SSM
+    A = torch.complex(-m.log_neg_A_re.exp(), m.A_im)
+    Kh = mixers.diagonal_ssm_kernel(m.log_dt, A, torch.complex(m.C_re, m.C_im), T)
+    y = torch.zeros(T, D, dtype=torch.float64)
+    for h in range(D // hd):
+        for j in range(hd):
+            for t in range(T):
+                for i in range(hd):
+                    kv = [k[r, h * hd + i] * v[r, h * hd + j] for r in range(T)]
+                    s = sum(Kh[h, l] * kv[t - l] for l in range(t + 1)) + m.D[h] * kv[t]
+                    y[t, h * hd + j] += q[t, h * hd + i] * s
+    assert torch.allclose(m(u)[0], m.out_proj(y), atol=1e-12)
+
+
+def test_h3_state_does_not_grow():
+    m = make_mixer("h3", d_state=8, head_dim=2)
+    assert m.state_size(1) == m.state_size(10_000) == 16 * 8 + 16 * 2 * 8
+
+
+# ----------------------------------------------------------------------------------------
+# errors a user can cause
+
+@pytest.mark.parametrize("name,kwargs,match", [
+    ("sliding_window", dict(window=0), "window=0"),
+    ("blocked_attention", dict(block_size=2.5), "block_size=2.5"),
+    ("sliding_window", dict(impl="flash"), "impl='flash'"),
+    ("short_conv", dict(kernel_size=0), "kernel_size=0"),
+    ("short_conv", dict(impl="fft"), "impl='fft'"),
+    ("long_conv", dict(filter="mlp"), "filter='mlp'"),
+    ("base_conv", dict(form="theory"), "form='theory'"),
+    ("base_conv", dict(kernel_size=-1), "kernel_size=-1.*or None"),
+    ("base_conv", dict(filter="learned"), "filter='learned'"),
+    ("hyena", dict(order=0), "order=0"),
+    ("hyena", dict(short_kernel_size=0), "short_kernel_size=0"),
+    ("h3", dict(d_state=5), "d_state=5.*even"),
+    ("h3", dict(head_dim=3), "head_dim=3.*divides d_model=16"),
+    ("h3", dict(shift_size=0), "shift_size=0"),
+])
+def test_bad_arguments_name_the_argument(name, kwargs, match):
+    with pytest.raises(ValueError, match=rf"{match}"):
+        MIXERS[name](16, 24, **kwargs)
+    with pytest.raises(ValueError, match="allowed"):
+        MIXERS[name](16, 24, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["long_conv", "base_conv", "hyena"])
+def test_seq_len_is_checked(name):
+    with pytest.raises(ValueError, match="seq_len=0 is not allowed"):
+        MIXERS[name](16, 0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -417,6 +750,41 @@ def test_parse_overrides_types_and_errors():
         train.parse_overrides(["--seq_len=63"])
     with pytest.raises(ValueError, match="--key=value"):
         train.parse_overrides(["lr=3"])
+
+
+def test_mixer_setting_gives_one_mixer_per_layer():
+    layers = train.parse_layers("base_conv:kernel_size=3,base_conv", 2)
+    assert layers == [("base_conv", {"kernel_size": 3}), ("base_conv", {})]
+    assert train.parse_layers("hyena", 3) == [("hyena", {})] * 3
+    model = train.LanguageModel(small_config(mixer="short_conv,sliding_window:window=4"))
+    assert isinstance(model.blocks[0].mixer, mixers.ShortConv)
+    assert model.blocks[1].mixer.window == 4 and model.pos is None
+    assert train.LanguageModel(small_config(mixer="sliding_window")).pos is not None
+    with pytest.raises(ValueError, match="lists 3 layers but n_layers=2"):
+        train.parse_layers("hyena,h3,hyena", 2)
+    with pytest.raises(ValueError, match="'hyna' is not one of"):
+        train.parse_layers("hyna", 2)
+    with pytest.raises(ValueError, match="option 'kernel=3' of base_conv"):
+        train.parse_layers("base_conv:kernel=3", 2)
+    with pytest.raises(ValueError, match="window"):
+        train.check_config(small_config(mixer="sliding_window:window=0"))
+
+
+@pytest.mark.parametrize("name", list(MIXERS))
+def test_every_mixer_trains_in_the_model(name, tmp_path):
+    """A few steps of train.py with each mixer: the loss falls on a fixed batch."""
+    c = small_config(mixer=name, lr=3e-3, warmup_steps=0, out_dir=str(tmp_path))
+    torch.manual_seed(0)
+    model = train.LanguageModel(c)
+    opt = train.make_optimizer(model, c)
+    x, y = mqar.multiquery_ar(16, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=1)
+    first = train.labelled_loss(model, x, y)[0].item()
+    for _ in range(15):
+        loss = train.labelled_loss(model, x, y)[0]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < first - 0.1, (first, loss.item())
 
 
 def test_cli_reports_bad_keys_without_a_traceback():

@@ -22,6 +22,7 @@ num_kv_pairs (D in Procedure 1), vocab_size (c), n_layers (L), M labelled positi
 import dataclasses
 import difflib
 import hashlib
+import inspect
 import json
 import math
 import sys
@@ -33,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import MIXERS
+from mixers import MIXERS, ImplicitFilter
 from mqar import IGNORE, multiquery_ar
 
 
@@ -43,11 +44,12 @@ from mqar import IGNORE, multiquery_ar
 @dataclasses.dataclass
 class Config:
     # model (SPEC §4)
-    mixer: str = "attention"          # a key of mixers.MIXERS
+    mixer: str = "attention"          # a key of mixers.MIXERS, or one per layer: see parse_layers
     d_model: int = 64
     n_layers: int = 2
     mlp: bool = False                 # the Figure 2 configs have no MLP
-    position_embedding: str = "auto"  # "auto" (learned iff the mixer is attention), "learned", "none"
+    position_embedding: str = "auto"  # "auto" (learned iff every layer is attention-like),
+                                      # "learned" or "none"
     # data (Procedure 1; SPEC §1)
     vocab_size: int = 8192
     seq_len: int = 64
@@ -103,11 +105,52 @@ def _parse_value(key, text, kind):
                          f"{kind.__name__}") from None
 
 
+def parse_layers(mixer, n_layers):
+    """The `mixer` setting as one (name, options) pair per layer.
+
+    "attention" puts one mixer in every layer. A comma-separated list gives one entry per
+    layer (its length must be n_layers), and each entry may carry options after colons:
+    "base_conv:kernel_size=3,base_conv" is the official BaseConv stack (a short and a long
+    filter alternating); "base_conv:kernel_size=3,based,sliding_window:window=16" a Based
+    stack. Option values are read as int, float, true/false or text, and must be keyword
+    arguments of that mixer's class.
+    """
+    entries = [e.strip() for e in mixer.split(",")]
+    if len(entries) not in (1, n_layers):
+        raise ValueError(f"mixer={mixer!r} lists {len(entries)} layers but n_layers={n_layers}: "
+                         "give one mixer for every layer, or exactly n_layers of them")
+    layers = []
+    for entry in entries:
+        name, *options = entry.split(":")
+        if name not in MIXERS:
+            raise ValueError(f"mixer={mixer!r} is not allowed: {name!r} is not one of "
+                             f"{', '.join(MIXERS)}")
+        allowed = [p for p in inspect.signature(MIXERS[name]).parameters
+                   if p not in ("d_model", "seq_len")]
+        kwargs = {}
+        for option in options:
+            key, sep, text = option.partition("=")
+            if not sep or key not in allowed:
+                raise ValueError(f"mixer option {option!r} of {name} is not allowed: write "
+                                 f"key=value with key one of {', '.join(allowed)}")
+            kwargs[key] = _option_value(text)
+        layers.append((name, kwargs))
+    return layers * n_layers if len(layers) == 1 else layers
+
+
+def _option_value(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
 def check_config(config):
     """Raise a ValueError naming the first setting that cannot work."""
     c = config
-    if c.mixer not in MIXERS:
-        raise ValueError(f"mixer={c.mixer!r} is not allowed: choose one of {', '.join(MIXERS)}")
+    layers = parse_layers(c.mixer, c.n_layers) if c.n_layers >= 1 else []
     if c.position_embedding not in ("auto", "learned", "none"):
         raise ValueError(f"position_embedding={c.position_embedding!r} is not allowed: "
                          "choose 'auto', 'learned' or 'none'")
@@ -127,6 +170,8 @@ def check_config(config):
         raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
     multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a)  # checks the data args
+    for name, kwargs in layers:      # builds one of each, so that bad options fail here
+        MIXERS[name](c.d_model, c.seq_len, **kwargs)
     return config
 
 
@@ -168,6 +213,11 @@ class Block(nn.Module):
         return (x_t + self.mlp(self.norm2(x_t)) if self.mlp is not None else x_t), state
 
 
+# mixers that have no notion of order but the causal mask: they get learned positions by
+# default, as attention does in the official configs (SPEC §4)
+ATTENTION_LIKE = ("attention", "sliding_window", "blocked_attention")
+
+
 class LanguageModel(nn.Module):
     """Embedding (tied with the head), optional learned positions, L blocks, final norm."""
 
@@ -175,22 +225,27 @@ class LanguageModel(nn.Module):
         super().__init__()
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        use_pos = (c.position_embedding == "learned" or
-                   (c.position_embedding == "auto" and c.mixer == "attention"))
+        layers = parse_layers(c.mixer, c.n_layers)
+        use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
+                   all(name in ATTENTION_LIKE for name, _ in layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
-        self.blocks = nn.ModuleList(Block(MIXERS[c.mixer](c.d_model, c.seq_len), c.d_model, c.mlp)
-                                    for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(
+            Block(MIXERS[name](c.d_model, c.seq_len, **kwargs), c.d_model, c.mlp)
+            for name, kwargs in layers)
         self.norm = nn.LayerNorm(c.d_model)
         self._init_weights(c.n_layers)
 
     def _init_weights(self, n_layers):
         """SPEC §4: weights N(0, 0.02), output projections N(0, 0.02/√(2L)), biases 0.
 
-        Only Linear and Embedding weights are touched; a mixer's own parameters (filters,
-        decays) keep the initialisation its class gives them.
+        Only Linear and Embedding weights are touched, and not those inside an implicit
+        filter: a mixer's own parameters (filters, decays, SSM parameters) keep the
+        initialisation its class gives them.
         """
+        own = {id(m) for f in self.modules() if isinstance(f, ImplicitFilter)
+               for m in f.modules()}
         for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in own:
                 std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("out_proj") else 0.02
                 nn.init.normal_(module.weight, 0.0, std)
                 if getattr(module, "bias", None) is not None:
@@ -268,7 +323,8 @@ def run_name(config):
     """A readable, unique file name: the key settings and a hash of the whole config."""
     c = config
     digest = hashlib.sha1(json.dumps(dataclasses.asdict(c), sort_keys=True).encode()).hexdigest()
-    return (f"{c.mixer}-N{c.seq_len}-D{c.num_kv_pairs}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-"
+    mixer = c.mixer.replace(",", "+").replace(":", "-").replace("=", "")
+    return (f"{mixer}-N{c.seq_len}-D{c.num_kv_pairs}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-"
             f"{digest[:8]}")
 
 
