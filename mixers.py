@@ -725,6 +725,678 @@ class H3(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
+# helpers shared by the chunked forms
+
+
+def _pad_to_chunks(x, chunk_size, dim):
+    """Zero-pad `x` along `dim` to a multiple of chunk_size; returns (padded, T)."""
+    T = x.shape[dim]
+    pad = (-T) % chunk_size
+    if pad:
+        shape = list(x.shape)
+        shape[dim] = pad
+        x = torch.cat([x, x.new_zeros(shape)], dim=dim)
+    return x, T
+
+
+# ----------------------------------------------------------------------------------------
+# RWKV-4 time mixing (SPEC §3; Peng et al., 2023, eq. 14-16)
+#
+# wkv_t = (Σ_{i<t} e^{-(t-1-i)w + k_i} v_i + e^{u + k_t} v_t)
+#       / (Σ_{i<t} e^{-(t-1-i)w + k_i}     + e^{u + k_t})
+# is, per channel, a softmax over positions i <= t of the scores
+#   L[t, i] = k_i - (t-1-i) w  (i < t),   u + k_t  (i = t)
+# applied to v. Both forms keep every sum as (a, b, p) = (a·e^p, b·e^p) and rescale to the
+# largest p before adding, so keys of any size (e^1000 overflows float64) give the right
+# ratio. The scales cancel in the ratio, so they are detached: they carry no gradient.
+
+
+def _merge(*parts):
+    """Add sums given as (numerator a, denominator b, log-scale p) meaning (a·e^p, b·e^p).
+
+    The result is scaled to the largest p (detached: the scale cancels in a / b). Empty
+    sums carry p = finfo.min, never -inf, so that no exp(-inf + inf) can appear.
+    """
+    p = torch.stack([q for _, _, q in parts]).amax(0).detach()
+    scales = [torch.exp(q - p) for _, _, q in parts]
+    return (sum(s * a for s, (a, _, _) in zip(scales, parts)),
+            sum(s * b for s, (_, b, _) in zip(scales, parts)), p)
+
+
+def _empty(like):
+    """The empty sum: a = b = 0 at the smallest finite log-scale."""
+    zeros = torch.zeros_like(like)
+    return zeros, zeros, torch.full_like(like, torch.finfo(like.dtype).min)
+
+
+def wkv_step(w, u, k_t, v_t, state=None):
+    """One step of the wkv recurrence in log space (the RWKV-4 CUDA kernel's form).
+
+    state (a, b, p) holds the numerator a·e^p and denominator b·e^p of the sum over i < t;
+    p is the running maximum. k_t, v_t (B, D); w, u (D,). Returns (wkv_t, new state).
+    """
+    a, b, p = _empty(k_t) if state is None else state
+    # output: the term e^{u+k_t} v_t joins the sum over i < t
+    num, den, _ = _merge((a, b, p), (v_t, torch.ones_like(v_t), u + k_t))
+    # state: the old sum decays by e^{-w}, the term e^{k_t} v_t joins it
+    return num / den, _merge((a, b, p - w), (v_t, torch.ones_like(v_t), k_t))
+
+
+def wkv_reference(w, u, k, v):
+    """wkv by the stable recurrence, one position at a time. k, v (B, T, D) -> (B, T, D).
+
+    T sequential steps of O(B·D) work each: time is dominated by the Python loop.
+    """
+    state, out = None, []
+    for t in range(k.shape[1]):
+        y, state = wkv_step(w, u, k[:, t], v[:, t], state)
+        out.append(y)
+    return torch.stack(out, 1)
+
+
+def wkv_chunked(w, u, k, v, chunk_size=64):
+    """The same recurrence in two levels, C + n Python steps instead of T = n·C:
+
+    1. every chunk runs the recurrence from an empty sum, all n chunks at once (C steps),
+       keeping the local sum before each position;
+    2. the sums entering each chunk: the previous one decayed by e^{-C·w} plus that chunk's
+       local end sum (n steps of O(B·D));
+    3. every row at once: carried sum decayed by e^{-j·w} + local sum + bonus term.
+    Each merge rescales to the largest log-scale, as the recurrence does: stable for any k.
+    Materializes the (a, b, p) sums before every position: 3 (B, T, D) tensors.
+    """
+    C = chunk_size
+    (kc, T), (vc, _) = _pad_to_chunks(k, C, 1), _pad_to_chunks(v, C, 1)
+    B, Tp, D = kc.shape
+    n = Tp // C
+    kc, vc = kc.view(B, n, C, D), vc.view(B, n, C, D)                       # (B, n, C, D)
+    ones = torch.ones_like(vc[:, :, 0])
+    local, before = _empty(kc[:, :, 0]), []                                   # (B, n, D) each
+    for j in range(C):
+        before.append(local)
+        local = _merge((local[0], local[1], local[2] - w), (vc[:, :, j], ones, kc[:, :, j]))
+    carry, carried = _empty(k[:, 0]), []                                      # (B, D) each
+    for c in range(n):
+        carried.append(carry)
+        carry = _merge((carry[0], carry[1], carry[2] - C * w), tuple(s[:, c] for s in local))
+    j = torch.arange(C, device=k.device)[:, None]                             # (C, 1)
+    a, b, p = (torch.stack(s, 1)[:, :, None] for s in zip(*carried))         # (B, n, 1, D)
+    num, den, _ = _merge((a, b, p - j * w),
+                         tuple(torch.stack(s, 2) for s in zip(*before)),      # (B, n, C, D)
+                         (vc, torch.ones_like(vc), u + kc))
+    return (num / den).reshape(B, Tp, D)[:, :T]
+
+
+WKV_IMPLS = {"fast": wkv_chunked, "reference": wkv_reference}
+
+
+class RWKV(nn.Module):
+    """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (SPEC §3).
+
+    x'_t = μ ⊙ x_t + (1-μ) ⊙ x_{t-1} with one μ each for r, k, v (x_{-1} = 0);
+    out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel.
+    Simplifications: one initialisation for all layers (RWKV ramps decay and mix with the
+    layer index); no channel-mixing block (the blocks of train.py hold the MLP, if any).
+    State of `step`: (a, b, p) of wkv and the previous input: 4·D numbers at every t.
+    """
+
+    def __init__(self, d_model, seq_len, impl="fast", chunk_size=64):
+        super().__init__()
+        check_choice("impl", impl, tuple(WKV_IMPLS))
+        check_positive("chunk_size", chunk_size)
+        D = d_model
+        self.impl, self.chunk_size = impl, chunk_size
+        ramp = torch.arange(D) / max(D - 1, 1)
+        self.w_log = nn.Parameter(-5 + 8 * ramp ** 0.7)      # RWKV-4's decay range e^-5..e^3
+        self.u = nn.Parameter(torch.full((D,), math.log(0.3)))
+        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(ramp.clone()) for _ in range(3))
+        self.receptance, self.key, self.value, self.out_proj = (
+            nn.Linear(D, D, bias=False) for _ in range(4))
+
+    def _rkv(self, x, x_prev):
+        r = self.receptance(self.mix_r * x + (1 - self.mix_r) * x_prev)
+        k = self.key(self.mix_k * x + (1 - self.mix_k) * x_prev)
+        v = self.value(self.mix_v * x + (1 - self.mix_v) * x_prev)
+        return r, k, v
+
+    def forward(self, x):
+        B, T, D = x.shape
+        x_prev = F.pad(x, (0, 0, 1, -1))                                      # token shift
+        r, k, v = self._rkv(x, x_prev)
+        w = torch.exp(self.w_log)
+        if self.impl == "fast":
+            y = wkv_chunked(w, self.u, k, v, self.chunk_size)
+        else:
+            y = wkv_reference(w, self.u, k, v)
+        return self.out_proj(torch.sigmoid(r) * y)
+
+    def step(self, x_t, state=None):
+        wkv_state, x_prev = (None, torch.zeros_like(x_t)) if state is None else (
+            state[:3], state[3])
+        r, k, v = self._rkv(x_t, x_prev)
+        y, wkv_state = wkv_step(torch.exp(self.w_log), self.u, k, v, wkv_state)
+        return self.out_proj(torch.sigmoid(r) * y), (*wkv_state, x_t)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0                                    # no state before the first token
+        return 4 * self.out_proj.in_features
+
+
+# ----------------------------------------------------------------------------------------
+# RetNet multi-scale retention (SPEC §3; Sun et al., 2023, eq. 5-9)
+#
+# recurrent  S_t = γ S_{t-1} + k_tᵀ v_t,  y_t = q_t S_t
+# parallel   Y = (Q Kᵀ ⊙ Dγ) V,  Dγ[n, m] = γ^{n-m} for n >= m else 0
+# chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Dγ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
+#            R_c = K_cᵀ (V_c ⊙ ζ) + γ^C R_{c-1},  ζ_j = γ^{C-1-j}
+# The three take (q, k, v, gamma): q, k (B, H, T, hs), v (B, H, T, hv), gamma (H,).
+
+
+def _decay_matrix(gamma, T):
+    """Dγ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
+    n = torch.arange(T, device=gamma.device)
+    dist = n[:, None] - n[None, :]                                            # (T, T)
+    D = torch.exp(dist.clamp_min(0) * torch.log(gamma)[:, None, None])        # (H, T, T)
+    return D.masked_fill(dist < 0, 0.0)
+
+
+def retention_parallel(q, k, v, gamma):
+    """(Q Kᵀ ⊙ Dγ) V. Materializes (B, H, T, T)."""
+    scores = torch.einsum("bhid,bhjd->bhij", q, k) * _decay_matrix(gamma, q.shape[2])
+    return scores @ v                                                         # (B, H, T, hv)
+
+
+def retention_recurrent(q, k, v, gamma):
+    """S_t = γ S_{t-1} + k_tᵀ v_t, y_t = q_t S_t, one position at a time (T Python steps)."""
+    B, H, T, hs = q.shape
+    S = q.new_zeros(B, H, hs, v.shape[-1])
+    out = []
+    for t in range(T):
+        S = gamma[:, None, None] * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        out.append(torch.einsum("bhd,bhde->bhe", q[:, :, t], S))
+    return torch.stack(out, 2)                                                # (B, H, T, hv)
+
+
+def retention_chunkwise(q, k, v, gamma, chunk_size=64):
+    """The chunkwise form: parallel inside chunks of C, recurrent across the n chunks.
+
+    Materializes (B, H, n, C, C) and one (hs, hv) state per chunk.
+    """
+    C = chunk_size
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    B, H, Tp, hs = q.shape
+    n = Tp // C
+    q, k, v = (t.view(B, H, n, C, -1) for t in (q, k, v))                    # (B, H, n, C, .)
+    log_g = torch.log(gamma)[:, None]                                         # (H, 1)
+    i = torch.arange(C, device=q.device)
+    inner = torch.einsum("bhnid,bhnjd->bhnij", q, k) * _decay_matrix(gamma, C)[:, None]
+    y = inner @ v                                                             # (B, H, n, C, hv)
+    # R_c: what chunk c adds to the state at its end, then the states entering each chunk
+    zeta = torch.exp((C - 1 - i) * log_g)                                     # (H, C)
+    adds = torch.einsum("bhnjd,bhnje->bhnde", k * zeta[:, None, :, None], v)  # (B, H, n, hs, hv)
+    decay_C = torch.exp(C * log_g)[:, :, None]                                # (H, 1, 1)
+    R, states = torch.zeros_like(adds[:, :, 0]), []
+    for c in range(n):
+        states.append(R)
+        R = decay_C * R + adds[:, :, c]
+    xi = torch.exp((i + 1) * log_g)                                           # (H, C)
+    y = y + torch.einsum("bhnid,bhnde->bhnie", q * xi[:, None, :, None], torch.stack(states, 2))
+    return y.reshape(B, H, Tp, -1)[:, :, :T]
+
+
+RETENTION_IMPLS = {"fast": retention_chunkwise, "reference": retention_recurrent,
+                   "parallel": retention_parallel}
+
+
+class RetNet(nn.Module):
+    """Multi-scale retention: H heads with γ_h = 1 - 2^(-5-h), group norm, swish gate.
+
+    MSR(X) = (swish(X W_G) ⊙ GroupNorm_H(retention heads)) W_O (RetNet §2.2), k scaled by
+    1/√hs. Simplifications, named: value heads have the key's size hs (RetNet doubles them);
+    no xPos/rotary rotation (the decay alone tells positions apart; a rotation would need the
+    position in the step state, and it is not tested, so it is left out); group norm without
+    affine parameters and without RetNet's score normalisations (§2.4, for fp16 stability).
+    State of `step`: one (hs, hs) matrix per head, D·D/H numbers at every t.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, impl="fast", chunk_size=32):
+        super().__init__()
+        check_divides("num_heads", num_heads, d_model)
+        check_choice("impl", impl, tuple(RETENTION_IMPLS))
+        check_positive("chunk_size", chunk_size)
+        self.num_heads, self.impl, self.chunk_size = num_heads, impl, chunk_size
+        self.register_buffer("gamma", 1 - 2.0 ** (-5 - torch.arange(num_heads)))
+        self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.out_proj = (
+            nn.Linear(d_model, d_model, bias=False) for _ in range(5))
+
+    def _heads(self, x):
+        *lead, D = x.shape
+        hs = D // self.num_heads
+        q, k, v = (p(x).view(*lead, self.num_heads, hs) for p in (self.q_proj, self.k_proj,
+                                                                   self.v_proj))
+        return q, k / math.sqrt(hs), v
+
+    def _output(self, x, y):
+        """y (..., H, hs) per-head retention -> group norm per head, swish gate, W_O."""
+        y = F.layer_norm(y, y.shape[-1:]).flatten(-2)                         # group norm
+        return self.out_proj(F.silu(self.g_proj(x)) * y)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self._heads(x))                 # (B, H, T, hs)
+        if self.impl == "fast":
+            y = retention_chunkwise(q, k, v, self.gamma, self.chunk_size)
+        else:
+            y = RETENTION_IMPLS[self.impl](q, k, v, self.gamma)
+        return self._output(x, y.transpose(1, 2))                             # (B, T, D)
+
+    def step(self, x_t, state=None):
+        q, k, v = self._heads(x_t)                                            # (B, H, hs)
+        S = k[..., :, None] * v[..., None, :]                                 # (B, H, hs, hs)
+        if state is not None:
+            S = S + self.gamma[:, None, None] * state[0]
+        y = torch.einsum("bhd,bhde->bhe", q, S)
+        return self._output(x_t, y), (S,)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0                                    # no state before the first token
+        D = self.out_proj.in_features
+        return D * D // self.num_heads
+
+
+# ----------------------------------------------------------------------------------------
+# Based linear attention (SPEC §3; Arora et al., 2024, "Simple linear attention language
+# models balance the recall-throughput tradeoff", §3)
+#
+# φ(x) = [1, x / d'^{1/4}, vec(x xᵀ) / (√2 · √d')],  so  φ(q)·φ(k) = 1 + q·k/√d' + (q·k)²/(2d')
+# y_i = Σ_{j<=i} φ(q_i)·φ(k_j) v_j / Σ_{j<=i} φ(q_i)·φ(k_j)
+# The kernel 1 + s + s²/2 = ((1 + s)² + 1)/2 is positive, so the ratio needs no epsilon.
+# The three forms take (q, k, v): q, k (B, H, T, d'), v (B, H, T, hv).
+
+
+def taylor_feature_map(x):
+    """φ(x): (..., d') -> (..., 1 + d' + d'²), the 2nd-order Taylor expansion of exp(q·k/√d')."""
+    d = x.shape[-1]
+    x2 = (x[..., :, None] * x[..., None, :]).flatten(-2)                      # (..., d'²)
+    return torch.cat([torch.ones_like(x[..., :1]), x / d ** 0.25,
+                      x2 / (math.sqrt(2) * math.sqrt(d))], dim=-1)
+
+
+def _taylor_kernel(q, k):
+    """φ(q)·φ(k) for every pair, without the features: 1 + s + s²/2, s = q·k/√d'."""
+    s = torch.einsum("...id,...jd->...ij", q, k) / math.sqrt(q.shape[-1])
+    return 1 + s + s * s / 2
+
+
+def based_parallel(q, k, v):
+    """The quadratic form: the causal (T, T) kernel matrix. Materializes (B, H, T, T)."""
+    T = q.shape[-2]
+    A = _taylor_kernel(q, k)                                                  # (B, H, T, T)
+    A = A.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), 0.0)
+    return (A @ v) / A.sum(-1, keepdim=True)
+
+
+def based_recurrent(q, k, v):
+    """The recurrent form: S_t = S_{t-1} + φ(k_t)ᵀ v_t, z_t = z_{t-1} + φ(k_t),
+    y_t = φ(q_t) S_t / φ(q_t)·z_t. T Python steps; state F·hv + F per head."""
+    fq, fk = taylor_feature_map(q), taylor_feature_map(k)                     # (B, H, T, F)
+    B, H, T, Fd = fq.shape
+    S, z = q.new_zeros(B, H, Fd, v.shape[-1]), q.new_zeros(B, H, Fd)
+    out = []
+    for t in range(T):
+        S = S + fk[:, :, t, :, None] * v[:, :, t, None, :]
+        z = z + fk[:, :, t]
+        num = torch.einsum("bhf,bhfe->bhe", fq[:, :, t], S)
+        out.append(num / (fq[:, :, t] * z).sum(-1, keepdim=True))
+    return torch.stack(out, 2)                                                # (B, H, T, hv)
+
+
+def based_chunkwise(q, k, v, chunk_size=128):
+    """The chunked form: the kernel matrix inside chunks of C, the state S, z across them.
+
+    Materializes (B, H, n, C, C), φ of every q and k, and one (F, hv) state per chunk.
+    """
+    C = chunk_size
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    B, H, Tp, _ = q.shape
+    n = Tp // C
+    q, k, v = (t.view(B, H, n, C, -1) for t in (q, k, v))                    # (B, H, n, C, .)
+    A = _taylor_kernel(q, k)                                                  # (B, H, n, C, C)
+    A = A.masked_fill(torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1), 0.0)
+    fq, fk = taylor_feature_map(q), taylor_feature_map(k)                     # (B, H, n, C, F)
+    # states entering each chunk: sums over all earlier chunks (exclusive cumulative sum)
+    S = torch.cumsum(torch.einsum("bhncf,bhnce->bhnfe", fk, v), 2)           # (B, H, n, F, hv)
+    z = torch.cumsum(fk.sum(3), 2)                                            # (B, H, n, F)
+    S, z = F.pad(S, (0, 0, 0, 0, 1, -1)), F.pad(z, (0, 0, 1, -1))
+    num = A @ v + fq @ S                                                      # (B, H, n, C, hv)
+    den = A.sum(-1) + torch.einsum("bhncf,bhnf->bhnc", fq, z)
+    return (num / den[..., None]).reshape(B, H, Tp, -1)[:, :, :T]
+
+
+BASED_IMPLS = {"fast": based_chunkwise, "reference": based_recurrent, "parallel": based_parallel}
+
+
+class Based(nn.Module):
+    """Based's linear attention layer: q, k projected to H heads of d' features, v to H heads
+    of D/H, Taylor feature map, causal normalised linear attention, output projection.
+
+    The Based layer itself has no convolution: the Based *model* interleaves it with short
+    convolution (BaseConv) layers and small sliding-window attention layers, which train.py
+    expresses as a per-layer list of mixers, not inside this class.
+    State of `step`: S (F, D/H) and z (F,) per head, F = 1 + d' + d'²: H·F·(D/H + 1) numbers.
+    """
+
+    def __init__(self, d_model, seq_len, feature_dim=16, num_heads=1, impl="fast",
+                 chunk_size=128):
+        super().__init__()
+        check_positive("feature_dim", feature_dim)
+        check_divides("num_heads", num_heads, d_model)
+        check_choice("impl", impl, tuple(BASED_IMPLS))
+        check_positive("chunk_size", chunk_size)
+        self.feature_dim, self.num_heads = feature_dim, num_heads
+        self.impl, self.chunk_size = impl, chunk_size
+        self.q_proj = nn.Linear(d_model, num_heads * feature_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, num_heads * feature_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def _heads(self, x):
+        *lead, D = x.shape
+        H = self.num_heads
+        return (self.q_proj(x).view(*lead, H, -1), self.k_proj(x).view(*lead, H, -1),
+                self.v_proj(x).view(*lead, H, D // H))
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self._heads(x))                 # (B, H, T, .)
+        if self.impl == "fast":
+            y = based_chunkwise(q, k, v, self.chunk_size)
+        else:
+            y = BASED_IMPLS[self.impl](q, k, v)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
+
+    def step(self, x_t, state=None):
+        B, D = x_t.shape
+        q, k, v = self._heads(x_t)                                            # (B, H, .)
+        fq, fk = taylor_feature_map(q), taylor_feature_map(k)                 # (B, H, F)
+        S, z = fk[..., :, None] * v[..., None, :], fk
+        if state is not None:
+            S, z = S + state[0], z + state[1]
+        y = torch.einsum("bhf,bhfe->bhe", fq, S) / (fq * z).sum(-1, keepdim=True)
+        return self.out_proj(y.reshape(B, D)), (S, z)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0                                    # no state before the first token
+        Fd = 1 + self.feature_dim + self.feature_dim ** 2
+        return self.num_heads * Fd * (self.out_proj.in_features // self.num_heads + 1)
+
+
+# ----------------------------------------------------------------------------------------
+# Mamba, the selective SSM (SPEC §3; Gu & Dao, 2023, Algorithm 2 and §3.6)
+#
+# h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h (d_inner, N), A = -exp(A_log) (d_inner, N)
+# y_t = C_t h_t + D ⊙ x_t
+# The two scans take (x, delta, A, Bm, Cm, D): x, delta (B, T, d_inner), A (d_inner, N),
+# Bm, Cm (B, T, N), D (d_inner,).
+
+
+def selective_scan_sequential(x, delta, A, Bm, Cm, D):
+    """The recurrence as written, one position at a time (T Python steps of B·d_inner·N)."""
+    B, T, d = x.shape
+    h = x.new_zeros(B, d, A.shape[1])
+    out = []
+    for t in range(T):
+        h = torch.exp(delta[:, t, :, None] * A) * h + \
+            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]           # (B, d, N)
+        out.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
+    return torch.stack(out, 1) + D * x                                        # (B, T, d)
+
+
+def selective_scan_chunked(x, delta, A, Bm, Cm, D, chunk_size=64):
+    """A chunked scan in C + n + C Python steps instead of T = n·C:
+
+    1. every chunk scanned from a zero state, all n chunks at once (C steps): its end state;
+    2. the state entering each chunk: the previous one times the chunk's total decay
+       exp(A · Σ_chunk Δ) plus that chunk's end state (n steps);
+    3. every chunk scanned again, all at once, from its true entering state (C steps),
+       reading y_t = C_t h_t on the way.
+    Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
+    The work per position is that of the sequential scan (about twice): on a CPU the gain
+    is only the Python overhead of T steps. Materializes no (B, T, d_inner, N) tensor.
+    """
+    C = chunk_size
+    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
+    B, Tp, d = x.shape
+    n, N = Tp // C, A.shape[1]
+    dc, xc = delta.view(B, n, C, d), x.view(B, n, C, d)                     # (B, n, C, d)
+    Bc, Cc = Bm.view(B, n, C, N), Cm.view(B, n, C, N)                         # (B, n, C, N)
+    bx = dc * xc                                                              # Δ_t x_t
+
+    def scan(h, read):
+        out = []
+        for j in range(C):
+            h = torch.exp(dc[:, :, j, :, None] * A) * h + \
+                bx[:, :, j, :, None] * Bc[:, :, j, None, :]                   # (B, n, d, N)
+            if read:
+                out.append(torch.einsum("bcdk,bck->bcd", h, Cc[:, :, j]))
+        return h, out
+
+    ends, _ = scan(x.new_zeros(B, n, d, N), read=False)                       # 1.
+    chunk_decay = torch.exp(dc.sum(2)[..., None] * A)                         # (B, n, d, N)
+    carry, entering = x.new_zeros(B, d, N), []
+    for c in range(n):                                                        # 2.
+        entering.append(carry)
+        carry = chunk_decay[:, c] * carry + ends[:, c]
+    _, y = scan(torch.stack(entering, 1), read=True)                          # 3.
+    y = torch.stack(y, 2).reshape(B, Tp, d)                                   # (B, T, d)
+    return (y + D * x)[:, :T]
+
+
+SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequential}
+
+
+class Mamba(nn.Module):
+    """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
+    input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈D/16⌉,
+    A initialised S4D-real (A[:, n] = -(n+1)), Δ initialised log-uniform in [1e-3, 1e-1].
+
+    dt_bias is a separate parameter, not the bias of dt_proj, so that train.py's
+    "biases 0" initialisation does not undo Δ's initialisation.
+    State of `step`: h (d_inner, N) and the last d_conv - 1 conv inputs: d_inner·(N + d_conv - 1).
+    """
+
+    def __init__(self, d_model, seq_len, d_state=16, expand=2, d_conv=4, dt_rank=None,
+                 impl="fast", chunk_size=64):
+        super().__init__()
+        dt_rank = math.ceil(d_model / 16) if dt_rank is None else dt_rank
+        for name, value in (("d_state", d_state), ("expand", expand), ("d_conv", d_conv),
+                            ("dt_rank", dt_rank), ("chunk_size", chunk_size)):
+            check_positive(name, value)
+        check_choice("impl", impl, tuple(SCAN_IMPLS))
+        d_inner = expand * d_model
+        self.impl, self.chunk_size, self.d_state = impl, chunk_size, d_state
+        self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=False)
+        self.conv_weight = nn.Parameter(torch.randn(d_inner, d_conv) / math.sqrt(d_conv))
+        self.conv_bias = nn.Parameter(torch.zeros(d_inner))
+        self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(dt_rank, d_inner, bias=False)
+        dt = torch.exp(torch.rand(d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0)).repeat(d_inner, 1))
+        self.D = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def _ssm_inputs(self, xc):
+        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), B_t, C_t (..., N)."""
+        dt, Bm, Cm = self.x_proj(xc).split(
+            [self.dt_proj.in_features, self.d_state, self.d_state], dim=-1)
+        return F.softplus(self.dt_proj(dt) + self.dt_bias), Bm, Cm
+
+    def forward(self, x):
+        B, T, D = x.shape
+        xi, z = self.in_proj(x).chunk(2, dim=-1)                              # (B, T, d_inner)
+        xc = F.silu(causal_conv(xi, self.conv_weight) + self.conv_bias)
+        delta, Bm, Cm = self._ssm_inputs(xc)
+        A = -torch.exp(self.A_log)                                            # (d_inner, N)
+        if self.impl == "fast":
+            y = selective_scan_chunked(xc, delta, A, Bm, Cm, self.D, self.chunk_size)
+        else:
+            y = selective_scan_sequential(xc, delta, A, Bm, Cm, self.D)
+        return self.out_proj(y * F.silu(z))
+
+    def step(self, x_t, state=None):
+        xi, z = self.in_proj(x_t).chunk(2, dim=-1)                            # (B, d_inner)
+        B, d = xi.shape
+        K = self.conv_weight.shape[1]
+        if state is None:
+            state = (xi.new_zeros(B, d, self.d_state), xi.new_zeros(B, K - 1, d))
+        h, past = state
+        window = torch.cat([past, xi[:, None]], 1)                            # (B, K, d)
+        # conv: y_t = Σ_s h[:, s] x_{t-s}; window[:, -1-s] is x_{t-s}
+        xc = F.silu(torch.einsum("bkd,dk->bd", window.flip(1), self.conv_weight) + self.conv_bias)
+        delta, Bm, Cm = self._ssm_inputs(xc)
+        h = torch.exp(delta[..., None] * -torch.exp(self.A_log)) * h + \
+            (delta * xc)[..., None] * Bm[:, None, :]                          # (B, d, N)
+        y = torch.einsum("bdn,bn->bd", h, Cm) + self.D * xc
+        return self.out_proj(y * F.silu(z)), (h, window[:, 1:])
+
+    def state_size(self, t):
+        if t == 0:
+            return 0                                    # no state before the first token
+        d_inner, K = self.conv_weight.shape
+        return d_inner * (self.d_state + K - 1)
+
+
+# ----------------------------------------------------------------------------------------
+# Selective attention (Section 5; SPEC §3)
+#
+# y[i] = f(u)[i] · W_o softmax(q_i Kᵀ/√hs) V        f(u) ∈ {0, 1}^T chooses the rows
+#   programmatic  f[i] = 1 iff token u_i appeared at some position j < i
+#   learned       f = σ(u w + b): soft during training, hard at inference
+#   random        f[i] = 1 with probability top_k / seq_len, a fixed function of (seed, i)
+# aux loss (learned): (1/N) · max(0, Σ_i f(u)[i] - k), averaged over the batch.
+# Every key stays in the cache: f only decides which rows (queries) produce output.
+# This reference computes every row and then zeroes the unselected ones; the saving the
+# paper is after (attention on k rows only) is not realised here.
+
+
+def programmatic_selection(tokens):
+    """f[b, i] = 1 iff tokens[b, i] == tokens[b, j] for some j < i. tokens (B, T) -> bool.
+
+    Materializes (B, T, T).
+    """
+    seen = (tokens[:, :, None] == tokens[:, None, :]).tril(-1)                # (B, T, T)
+    return seen.any(-1)
+
+
+def selection_aux_loss(f, k):
+    """(1/N) · max(0, Σ_i f[i] - k) for each sequence, averaged over the batch. f (B, N)."""
+    return torch.relu(f.sum(-1) - k).mean() / f.shape[-1]
+
+
+def top_k_rows(scores, k):
+    """The paper's inference rule: keep the k highest-scoring rows of the WHOLE sequence.
+
+    Not causal: whether row i is kept depends on the scores of rows after i.
+    """
+    idx = scores.topk(min(k, scores.shape[-1]), dim=-1).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter(-1, idx, True)
+
+
+class SelectiveAttention(nn.Module):
+    """Attention whose output rows are kept only where f(u)[i] = 1 (Section 5).
+
+    selection="learned" (default) gates with σ(u w + b). In training the gate is soft (the
+    row is multiplied by σ) and `self.aux_loss` holds (1/N)·max(0, Σ σ - top_k) for the
+    training loop to add. At inference the row is kept iff σ > 0.5 (inference="threshold",
+    the default): causal, so step == forward. inference="topk" is the paper's rule, the
+    top_k rows of the whole sequence; it is NOT causal (a row's fate depends on later
+    scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row on, as attention)
+    and is a separate parameter so train.py's "biases 0" initialisation leaves it alone.
+    selection="programmatic" needs the token ids: `forward(x, tokens)` and
+    `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
+    pass them (other mixers take x only). selection="random" keeps a seed-fixed subset of
+    positions of expected size top_k, the control of Section 5.
+    State of `step`: the KV cache, 2·t·D numbers, plus the t token ids for "programmatic".
+    """
+
+    takes_tokens = True
+
+    def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,
+                 inference="threshold", seed=0, impl="fast"):
+        super().__init__()
+        check_choice("selection", selection, ("learned", "programmatic", "random"))
+        check_choice("inference", inference, ("threshold", "topk"))
+        top_k = max(1, seq_len // 4) if top_k is None else top_k
+        check_positive("top_k", top_k)
+        self.selection, self.inference, self.top_k = selection, inference, top_k
+        self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
+        if selection == "learned":     # the other rules have no parameters of their own
+            self.gate = nn.Parameter(torch.zeros(d_model))
+            self.gate_bias = nn.Parameter(torch.tensor(2.0))
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("random_rows", torch.rand(seq_len, generator=g) < top_k / seq_len)
+        self.aux_loss = None
+
+    def _gate(self, x):
+        return torch.sigmoid(x @ self.gate + self.gate_bias)                  # (B, T) or (B,)
+
+    def selection_mask(self, x, tokens=None):
+        """f(u) for a whole sequence x (B, T, D): (B, T), soft in learned training mode."""
+        B, T, D = x.shape
+        if self.selection == "programmatic":
+            if tokens is None:
+                raise ValueError("tokens=None is not allowed with selection='programmatic': "
+                                 "pass the token ids, forward(x, tokens=(B, T) ids)")
+            return programmatic_selection(tokens).to(x.dtype)
+        if self.selection == "random":
+            if T > len(self.random_rows):
+                raise ValueError(f"T={T} is not allowed: the random selection is fixed for "
+                                 f"seq_len={len(self.random_rows)} positions")
+            return self.random_rows[:T].expand(B, T).to(x.dtype)
+        f = self._gate(x)
+        self.aux_loss = selection_aux_loss(f, self.top_k)
+        if self.training:
+            return f
+        if self.inference == "topk":
+            return top_k_rows(f, self.top_k).to(x.dtype)
+        return (f > 0.5).to(x.dtype)
+
+    def forward(self, x, tokens=None):
+        return self.attention(x) * self.selection_mask(x, tokens)[..., None]
+
+    def step(self, x_t, state=None, token=None):
+        if self.selection == "learned" and self.inference == "topk":
+            raise ValueError("inference='topk' is not allowed in step: the whole-sequence "
+                             "top-k is not causal; use inference='threshold'")
+        y, kv = self.attention.step(x_t, None if state is None else state[:2])
+        t = kv[0].shape[2] - 1                                               # this position
+        if self.selection == "programmatic":
+            if token is None:
+                raise ValueError("token=None is not allowed with selection='programmatic': "
+                                 "pass the token id, step(x_t, state, token=(B,) ids)")
+            past = token.new_zeros(token.shape[0], 0) if state is None else state[2]
+            f = (past == token[:, None]).any(-1).to(y.dtype)
+            return y * f[:, None], (*kv, torch.cat([past, token[:, None]], 1))
+        if self.selection == "random":
+            if t >= len(self.random_rows):
+                raise ValueError(f"position {t} is not allowed: the random selection is "
+                                 f"fixed for seq_len={len(self.random_rows)} positions")
+            return y * self.random_rows[t].to(y.dtype), kv
+        f = self._gate(x_t)
+        f = f if self.training else (f > 0.5).to(y.dtype)
+        return y * f[:, None], kv
+
+    def state_size(self, t):
+        D = self.attention.out_proj.in_features
+        return 2 * t * D + (t if self.selection == "programmatic" else 0)
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -736,6 +1408,11 @@ MIXERS = {
     "base_conv": BaseConv,
     "hyena": Hyena,
     "h3": H3,
+    "rwkv": RWKV,
+    "retnet": RetNet,
+    "based": Based,
+    "mamba": Mamba,
+    "selective_attention": SelectiveAttention,
 }
 
 

@@ -301,11 +301,13 @@ def make_mixer(name, D=16, T=24, dtype=torch.float64, seed=0, **kwargs):
     return MIXERS[name](D, T, **kwargs).to(dtype)
 
 
-def run_steps(mixer, x):
-    """Run `step` over a whole sequence; returns (outputs (B, T, D), states after each t)."""
+def run_steps(mixer, x, **per_token):
+    """Run `step` over a whole sequence; returns (outputs (B, T, D), states after each t).
+
+    per_token: extra (B, T) inputs handed to step one position at a time (token ids)."""
     state, ys, states = None, [], []
     for t in range(x.shape[1]):
-        y, state = mixer.step(x[:, t], state)
+        y, state = mixer.step(x[:, t], state, **{k: v[:, t] for k, v in per_token.items()})
         ys.append(y)
         states.append(state)
     return torch.stack(ys, 1), states
@@ -330,6 +332,14 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("h3", dict(head_dim=4, d_state=8)),
     ("h3", dict(d_state=4, shift_size=3)),
     ("h3", dict(shift_size=20)),
+    # chunk_size=5 makes T=24 span several chunks (and a ragged last one)
+    ("rwkv", dict(chunk_size=5)),
+    ("retnet", dict(chunk_size=5)),
+    ("retnet", dict(num_heads=1)),
+    ("based", dict(chunk_size=5)),
+    ("based", dict(feature_dim=4, num_heads=2)),
+    ("mamba", dict(chunk_size=5)),
+    ("selective_attention", dict(selection="random")),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -346,7 +356,8 @@ def test_mixer_is_causal(name, kw):
         x2[:, t] += torch.randn(2, 16, dtype=torch.float64)
         y, y2 = m(x), m(x2)
         assert torch.allclose(y[:, :t], y2[:, :t], atol=1e-12, rtol=0)
-        assert not torch.allclose(y[:, t:], y2[:, t:]), "the change must be seen at t"
+        if t < 23:  # (the random selective-attention control may drop the last row)
+            assert not torch.allclose(y[:, t:], y2[:, t:]), "the change must be seen"
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
@@ -398,9 +409,10 @@ def test_gradients_reach_every_parameter(name, kw):
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
 
-def test_every_issue_4_mixer_is_registered():
+def test_every_mixer_of_the_paper_is_registered():
     assert set(MIXERS) == {"attention", "sliding_window", "blocked_attention", "short_conv",
-                           "long_conv", "base_conv", "hyena", "h3"}
+                           "long_conv", "base_conv", "hyena", "h3", "rwkv", "retnet", "based",
+                           "mamba", "selective_attention"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -723,6 +735,274 @@ def test_seq_len_is_checked(name):
 
 
 # ----------------------------------------------------------------------------------------
+# mixers.py: recurrences, linear attention, Mamba, selective attention
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("name,kwargs,match", [
+    ("rwkv", {"impl": "cuda"}, "impl='cuda'"), ("rwkv", {"chunk_size": 0}, "chunk_size=0"),
+    ("retnet", {"num_heads": 3}, "num_heads=3"), ("based", {"feature_dim": 0}, "feature_dim=0"),
+    ("mamba", {"d_state": 0}, "d_state=0"),
+    ("selective_attention", {"selection": "oracle"}, "selection='oracle'"),
+    ("selective_attention", {"inference": "sample"}, "inference='sample'")])
+def test_bad_arguments_of_recurrent_mixers_are_named(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MIXERS[name](16, 24, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------
+# RWKV
+
+def test_wkv_is_the_formula_of_spec_section_3():
+    torch.manual_seed(0)
+    B, T, D = 2, 9, 3
+    k, v = torch.randn(B, T, D, dtype=F64), torch.randn(B, T, D, dtype=F64)
+    w, u = torch.rand(D, dtype=F64) + 0.1, torch.randn(D, dtype=F64)
+    want = torch.empty(B, T, D, dtype=F64)
+    for t in range(T):
+        i = torch.arange(t, dtype=F64)[:, None]
+        e = torch.exp(-(t - 1 - i) * w + k[:, :t])                           # (B, t, D)
+        bonus = torch.exp(u + k[:, t])
+        want[:, t] = ((e * v[:, :t]).sum(1) + bonus * v[:, t]) / (e.sum(1) + bonus)
+    for wkv in (mixers.wkv_reference, lambda *a: mixers.wkv_chunked(*a, chunk_size=4)):
+        assert torch.allclose(wkv(w, u, k, v), want, atol=1e-12, rtol=1e-12)
+
+
+def test_wkv_survives_keys_that_overflow_exp():
+    """k ~ 1000: e^k is inf even in float64, so the naive ratio is nan; the stable forms give
+    the answer of the same keys shifted by a constant (the ratio is shift-invariant), and
+    also handle keys that differ by thousands inside one chunk."""
+    torch.manual_seed(0)
+    B, T, D = 2, 40, 4
+    k, v = torch.randn(B, T, D, dtype=F64), torch.randn(B, T, D, dtype=F64)
+    w, u = torch.rand(D, dtype=F64) + 0.1, torch.randn(D, dtype=F64)
+    naive = torch.exp(k[:, :1] + 1000)
+    assert torch.isinf(naive).all(), "the test must use keys that overflow a naive form"
+    want = mixers.wkv_reference(w, u, k, v)
+    for wkv in (mixers.wkv_reference, lambda *a: mixers.wkv_chunked(*a, chunk_size=8)):
+        for dtype in (F64, torch.float32):
+            got = wkv(w.to(dtype), u.to(dtype), (k + 1000).to(dtype), v.to(dtype))
+            tol = 1e-10 if dtype == F64 else 1e-3
+            assert torch.allclose(got.double(), want, atol=tol, rtol=tol)
+    wild = 1000 * torch.randn(B, T, D, dtype=F64)                              # spread ±3000
+    ref, fast = mixers.wkv_reference(w, u, wild, v), mixers.wkv_chunked(w, u, wild, v, chunk_size=8)
+    assert torch.isfinite(ref).all() and torch.allclose(fast, ref, atol=1e-10, rtol=1e-10)
+    # with keys this spread each row is (nearly) the v of its largest-score position
+    assert torch.allclose(ref[:, 0], v[:, 0])
+
+
+def test_rwkv_step_is_stable_over_a_long_sequence():
+    m = make_mixer("rwkv", dtype=torch.float32).eval()
+    x = 30 * torch.randn(1, 600, 16)                                          # large keys
+    with torch.no_grad():
+        y = m(x)
+        ys, _ = run_steps(m, x)
+    assert torch.isfinite(y).all() and torch.allclose(ys, y, atol=1e-3, rtol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.RetNet
+
+def test_three_retention_forms_are_equal_in_float64():
+    torch.manual_seed(0)
+    B, H, T, hs = 2, 3, 37, 5
+    q, k, v = (torch.randn(B, H, T, hs, dtype=F64) for _ in range(3))
+    gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=F64))
+    y = mixers.retention_recurrent(q, k, v, gamma)
+    assert torch.allclose(mixers.retention_parallel(q, k, v, gamma), y, atol=1e-12, rtol=1e-12)
+    for C in (1, 4, 8, 37, 64):
+        assert torch.allclose(mixers.retention_chunkwise(q, k, v, gamma, C), y, atol=1e-12, rtol=1e-12)
+
+
+def test_retention_parallel_is_the_decay_masked_formula():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 2, dtype=F64) for _ in range(3))
+    g = torch.tensor([0.9], dtype=F64)
+    y = mixers.retention_parallel(q, k, v, g)
+    n = 4
+    want = sum(0.9 ** (n - m) * (q[0, 0, n] @ k[0, 0, m]) * v[0, 0, m] for m in range(n + 1))
+    assert torch.allclose(y[0, 0, n], want, atol=1e-14)
+
+
+def test_retnet_heads_use_gamma_1_minus_2_to_the_minus_5_minus_h():
+    m = mixers.RetNet(32, 16, num_heads=4)
+    assert torch.equal(m.gamma, torch.tensor([1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256]))
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.Based
+
+def test_taylor_feature_map_identity():
+    torch.manual_seed(0)
+    d = 16
+    q, k = torch.randn(5, d, dtype=F64), torch.randn(5, d, dtype=F64)
+    s = (q * k).sum(-1)
+    lhs = (mixers.taylor_feature_map(q) * mixers.taylor_feature_map(k)).sum(-1)
+    assert mixers.taylor_feature_map(q).shape == (5, 1 + d + d * d)
+    assert torch.allclose(lhs, 1 + s / math.sqrt(d) + s ** 2 / (2 * d), atol=1e-12)
+    assert torch.allclose(mixers._taylor_kernel(q, k).diagonal(), lhs, atol=1e-12)
+
+
+def test_three_based_forms_are_equal_in_float64():
+    torch.manual_seed(0)
+    B, H, T, d, hv = 2, 2, 29, 4, 3
+    q, k = torch.randn(B, H, T, d, dtype=F64), torch.randn(B, H, T, d, dtype=F64)
+    v = torch.randn(B, H, T, hv, dtype=F64)
+    y = mixers.based_recurrent(q, k, v)
+    assert torch.allclose(mixers.based_parallel(q, k, v), y, atol=1e-12, rtol=1e-12)
+    for C in (1, 4, 29, 64):
+        assert torch.allclose(mixers.based_chunkwise(q, k, v, C), y, atol=1e-12, rtol=1e-12)
+
+
+def test_based_state_size_counts_features_times_values_plus_normaliser():
+    m = mixers.Based(64, 32, feature_dim=16, num_heads=2)
+    Fd = 1 + 16 + 256
+    assert m.state_size(7) == 2 * (32 * Fd + Fd)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.Mamba
+
+def test_selective_scan_chunked_equals_sequential():
+    torch.manual_seed(0)
+    B, T, d, N = 2, 30, 6, 4
+    x, Bm, Cm = torch.randn(B, T, d, dtype=F64), torch.randn(B, T, N, dtype=F64), \
+        torch.randn(B, T, N, dtype=F64)
+    A, D = -torch.rand(d, N, dtype=F64) * 5, torch.randn(d, dtype=F64)
+    for scale in (0.01, 1.0, 300.0):             # 300: e^{ΔA} underflows inside a chunk
+        delta = torch.rand(B, T, d, dtype=F64) * scale
+        y = mixers.selective_scan_sequential(x, delta, A, Bm, Cm, D)
+        for C in (1, 4, 7, 64):
+            got = mixers.selective_scan_chunked(x, delta, A, Bm, Cm, D, C)
+            assert torch.isfinite(got).all()
+            assert torch.allclose(got, y, atol=1e-12, rtol=1e-12)
+
+
+def test_selective_scan_is_the_recurrence_of_spec_section_3():
+    torch.manual_seed(0)
+    x, delta = torch.randn(1, 3, 1, dtype=F64), torch.rand(1, 3, 1, dtype=F64)
+    Bm, Cm = torch.randn(1, 3, 1, dtype=F64), torch.randn(1, 3, 1, dtype=F64)
+    A, D = torch.tensor([[-0.7]], dtype=F64), torch.tensor([0.3], dtype=F64)
+    h, want = 0.0, []
+    for t in range(3):
+        h = math.exp(delta[0, t, 0] * -0.7) * h + delta[0, t, 0] * Bm[0, t, 0] * x[0, t, 0]
+        want.append(Cm[0, t, 0] * h + 0.3 * x[0, t, 0])
+    got = mixers.selective_scan_sequential(x, delta, A, Bm, Cm, D)[0, :, 0]
+    assert torch.allclose(got, torch.stack(want), atol=1e-14)
+
+
+def test_mamba_initialisation_survives_zeroed_linear_biases():
+    m = mixers.Mamba(16, 24)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.Linear):
+            assert mod.bias is None
+    dt = torch.nn.functional.softplus(m.dt_bias)
+    assert (dt > 0.9e-3).all() and (dt < 0.11).all()
+
+
+# ----------------------------------------------------------------------------------------
+# selective attention
+
+def test_programmatic_selection_marks_tokens_seen_before():
+    tokens = torch.tensor([[5, 3, 5, 7, 3, 3, 9],
+                           [1, 1, 2, 3, 4, 2, 0]])
+    want = torch.tensor([[0, 0, 1, 0, 1, 1, 0],
+                         [0, 1, 0, 0, 0, 1, 0]], dtype=torch.bool)
+    assert torch.equal(mixers.programmatic_selection(tokens), want)
+
+
+def test_programmatic_mixer_zeroes_unselected_rows_and_steps_with_tokens():
+    torch.manual_seed(0)
+    m = make_mixer("selective_attention", selection="programmatic").eval()
+    x = torch.randn(2, 24, 16, dtype=F64)
+    tokens = torch.randint(0, 6, (2, 24))
+    f = mixers.programmatic_selection(tokens)
+    with torch.no_grad():
+        y = m(x, tokens=tokens)
+        full = m.attention(x)
+        ys, states = run_steps(m, x, token=tokens)
+    assert torch.equal(y[~f], torch.zeros_like(y[~f]))
+    assert torch.allclose(y[f], full[f])
+    assert torch.allclose(ys, y, atol=1e-12)
+    assert mixers.state_numel(states[9]) == m.state_size(10) == 2 * 10 * 16 + 10
+    with pytest.raises(ValueError, match="tokens=None"):
+        m(x)
+
+
+def test_learned_aux_loss_is_the_formula():
+    f = torch.tensor([[0.9, 0.8, 0.7, 0.1], [0.1, 0.1, 0.2, 0.1]])
+    k = 2
+    want = (max(0.0, 2.5 - k) / 4 + max(0.0, 0.5 - k) / 4) / 2
+    assert torch.allclose(mixers.selection_aux_loss(f, k), torch.tensor(want))
+    m = make_mixer("selective_attention", top_k=3).train()
+    x = torch.randn(2, 24, 16, dtype=F64)
+    m(x)
+    soft = torch.sigmoid(x @ m.gate + m.gate_bias)
+    assert torch.allclose(m.aux_loss, torch.relu(soft.sum(-1) - 3).mean() / 24)
+    m.aux_loss.backward()                                # reaches the gate parameters
+    assert m.gate.grad.abs().sum() > 0 and m.gate_bias.grad != 0
+
+
+def test_learned_gate_is_soft_in_training_and_hard_at_inference():
+    m = make_mixer("selective_attention")
+    with torch.no_grad():
+        m.gate.normal_()
+    x = torch.randn(2, 24, 16, dtype=F64)
+    soft = m.train().selection_mask(x)
+    hard = m.eval().selection_mask(x)
+    assert ((soft > 0) & (soft < 1)).all()
+    assert torch.equal(hard, (soft > 0.5).to(F64)) and 0 < hard.sum() < hard.numel()
+
+
+def test_random_selection_is_a_fixed_function_of_seed_and_position():
+    torch.manual_seed(0)
+    a = mixers.SelectiveAttention(16, 64, selection="random", seed=3).double()
+    b = mixers.SelectiveAttention(32, 64, selection="random", seed=3)
+    c = mixers.SelectiveAttention(16, 64, selection="random", seed=4)
+    assert torch.equal(a.random_rows, b.random_rows)
+    assert not torch.equal(a.random_rows, c.random_rows)
+    assert 0 < a.random_rows.sum() < 64
+    x = torch.randn(2, 30, 16, dtype=F64)
+    with torch.no_grad():
+        y, (ys, _) = a(x), run_steps(a, x)
+    rows = a.random_rows[:30]
+    assert torch.allclose(ys, y, atol=1e-12)
+    assert torch.equal(y[:, ~rows], torch.zeros_like(y[:, ~rows])) and (y[:, rows] != 0).all()
+    with pytest.raises(ValueError, match="T=65"):
+        a(torch.randn(1, 65, 16, dtype=F64))
+
+
+def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
+    """Raising one later score evicts an earlier row under the paper's top-k, so the
+    output before t changes; the default threshold rule never looks ahead."""
+    scores = torch.tensor([[0.9, 0.6, 0.7, 0.2]])
+    later = scores.clone()
+    later[0, 3] = 0.95
+    assert torch.equal(mixers.top_k_rows(scores, 2), torch.tensor([[True, False, True, False]]))
+    assert torch.equal(mixers.top_k_rows(later, 2), torch.tensor([[True, False, False, True]]))
+    torch.manual_seed(0)
+    m = make_mixer("selective_attention", top_k=6, inference="topk").eval()
+    with torch.no_grad():
+        m.gate.normal_()
+        m.gate_bias.zero_()
+    x = torch.randn(1, 24, 16, dtype=F64)
+    changed = 0
+    for t in range(1, 24):
+        x2 = x.clone()
+        x2[:, t] = 3 * x2[:, t] + 5 * m.gate / m.gate.norm()    # raise row t's score
+        changed += not torch.allclose(m(x)[:, :t], m(x2)[:, :t])
+    assert changed > 0, "some earlier row must have been evicted by a later one"
+    with pytest.raises(ValueError, match="inference='topk'"):
+        m.step(x[:, 0])
+    m.inference = "threshold"
+    for t in range(1, 24):
+        x2 = x.clone()
+        x2[:, t] = 3 * x2[:, t] + 5 * m.gate / m.gate.norm()
+        assert torch.allclose(m(x)[:, :t], m(x2)[:, :t], atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
 # train.py
 
 def small_config(**overrides):
@@ -817,6 +1097,37 @@ def test_labelled_loss_equals_full_vocabulary_loss():
     logits = model.logits(model(x))
     mask = y != IGNORE
     assert int(correct) == int((logits[mask].argmax(-1) == y[mask]).sum())
+
+
+@pytest.mark.parametrize("mixer", ["attention", "base_conv:kernel_size=3,base_conv",
+                                   "base_conv,selective_attention:selection=programmatic",
+                                   "h3,selective_attention"])
+def test_model_step_equals_forward(mixer):
+    """The whole model token by token (tokens reach selective attention in both views)."""
+    c = small_config(mixer=mixer)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).double().eval()
+    x, _ = mqar.multiquery_ar(3, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    with torch.no_grad():
+        full = model(x)
+        states, steps = None, []
+        for t in range(c.seq_len):
+            h, states = model.step(x[:, t], t, states)
+            steps.append(h)
+    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-10)
+
+
+def test_learned_selection_adds_its_aux_loss(tmp_path):
+    c = small_config(mixer="base_conv,selective_attention:top_k=1")
+    model = train.LanguageModel(c)
+    x, _ = mqar.multiquery_ar(4, c.vocab_size, c.seq_len, c.num_kv_pairs)
+    assert model.aux_loss() == 0.0
+    model(x)
+    sel = model.blocks[1].mixer
+    assert torch.equal(model.aux_loss(), sel.aux_loss) and sel.aux_loss.item() > 0
+    r = train.train(small_config(mixer="base_conv,selective_attention:top_k=1",
+                                 out_dir=str(tmp_path)))
+    assert r["ended"] == "max_steps"
 
 
 def test_model_uses_positions_only_for_attention_by_default():

@@ -64,6 +64,7 @@ class Config:
     warmup_steps: int = 50
     max_steps: int = 3000             # the cosine schedule decays to 0 here
     grad_clip: float = 1.0            # max gradient norm; 0 turns clipping off
+    aux_loss_weight: float = 1.0      # weight of a mixer's auxiliary loss (learned selection)
     eval_every: int = 50
     target_acc: float = 0.99          # stop once test accuracy exceeds this
     # bookkeeping
@@ -158,7 +159,7 @@ def check_config(config):
                 "eval_every"):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
-    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps"):
+    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "aux_loss_weight"):
         if not getattr(c, key) >= 0:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 0")
     if not 0 < c.target_acc <= 1:
@@ -170,8 +171,9 @@ def check_config(config):
         raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
     multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a)  # checks the data args
-    for name, kwargs in layers:      # builds one of each, so that bad options fail here
-        MIXERS[name](c.d_model, c.seq_len, **kwargs)
+    with torch.random.fork_rng(devices=[]):   # build one of each, so bad options fail here
+        for name, kwargs in layers:
+            MIXERS[name](c.d_model, c.seq_len, **kwargs)
     return config
 
 
@@ -203,12 +205,15 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(d_model) if mlp else None
         self.mlp = MLP(d_model) if mlp else None
 
-    def forward(self, x):
-        x = x + self.mixer(self.norm1(x))
+    def forward(self, x, tokens):
+        # selective attention's programmatic rule reads token ids; no other mixer sees them
+        extra = {"tokens": tokens} if getattr(self.mixer, "takes_tokens", False) else {}
+        x = x + self.mixer(self.norm1(x), **extra)
         return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
 
-    def step(self, x_t, state):
-        y_t, state = self.mixer.step(self.norm1(x_t), state)
+    def step(self, x_t, state, token):
+        extra = {"token": token} if getattr(self.mixer, "takes_tokens", False) else {}
+        y_t, state = self.mixer.step(self.norm1(x_t), state, **extra)
         x_t = x_t + y_t
         return (x_t + self.mlp(self.norm2(x_t)) if self.mlp is not None else x_t), state
 
@@ -258,8 +263,29 @@ class LanguageModel(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(T, device=tokens.device))
         for block in self.blocks:
-            x = block(x)
+            x = block(x, tokens)
         return self.norm(x)
+
+    def aux_loss(self):
+        """Sum of the auxiliary losses the mixers left from the last forward (Section 5's
+        learned selection: (1/N)·max(0, Σ f(u)[i] - k)); 0 when no mixer has one."""
+        losses = [m.aux_loss for m in self.modules() if getattr(m, "aux_loss", None) is not None
+                  and isinstance(m.aux_loss, torch.Tensor)]
+        return sum(losses) if losses else 0.0
+
+    def step(self, token, position, states=None):
+        """One token (B,) at `position` -> (final hidden state (B, D), new per-layer states).
+
+        The recurrent view of `forward`: every mixer runs its own `step`."""
+        x = self.embed(token)
+        if self.pos is not None:
+            x = x + self.pos.weight[position]
+        states = states or [None] * len(self.blocks)
+        new_states = []
+        for block, state in zip(self.blocks, states):
+            x, state = block.step(x, state, token)
+            new_states.append(state)
+        return self.norm(x), new_states
 
     def logits(self, hidden):
         """(..., D) -> (..., c): the head is the token embedding, transposed."""
@@ -363,6 +389,7 @@ def train(config):
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 loss, _, _ = labelled_loss(model, inputs, labels)
+                loss = loss + c.aux_loss_weight * model.aux_loss()
                 if not torch.isfinite(loss):
                     ended = "diverged"
                     print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
