@@ -62,10 +62,10 @@ class Config:
     lr: float = 3e-3
     weight_decay: float = 0.1
     warmup_steps: int = 50
-    max_steps: int = 3000             # the cosine schedule decays to 0 here
+    max_steps: int = 8000             # the cosine schedule decays to 0 here
     grad_clip: float = 1.0            # max gradient norm; 0 turns clipping off
     aux_loss_weight: float = 1.0      # weight of a mixer's auxiliary loss (learned selection)
-    eval_every: int = 50
+    eval_every: int = 200             # each evaluation scores num_test·D rows over c tokens
     target_acc: float = 0.99          # stop once test accuracy exceeds this
     # bookkeeping
     seed: int = 0
@@ -488,7 +488,7 @@ def print_table(records):
         table.add_row(c["mixer"], str(c["seq_len"]), str(c["num_kv_pairs"]), str(c["d_model"]),
                       f"{c['lr']:g}", str(r["steps"]), f"{r['test_acc']:.3f}",
                       f"{r['wall_time_s']:.0f}", r["ended"])
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
 
 
 def main(argv):
