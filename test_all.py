@@ -1,8 +1,10 @@
-"""Every test of the project, in the order of the modules: mqar, mixers, train, README.
+"""Every test of the project, in the order of the modules: mqar, mixers, train, theory, README.
 
 Run with `python -m pytest -q test_all.py` (the README's test command). Statistical tests use
 fixed seeds and state their thresholds; tolerances are explicit at each assert.
 """
+import dataclasses
+import itertools
 import json
 import math
 import random
@@ -17,9 +19,10 @@ import torch
 
 import mixers
 import mqar
+import theory as th
 import train
 from mixers import MIXERS
-from mqar import IGNORE
+from mqar import IGNORE, multiquery_ar
 
 REPO = Path(__file__).resolve().parent
 
@@ -1153,6 +1156,803 @@ def test_diverging_run_stops_and_says_so(tmp_path, capsys):
     assert r["ended"] == "diverged" and r["steps"] < 200
     err = capsys.readouterr().err
     assert re.search(r"at step \d+ \(lr 1e\+06\)", err), err
+
+
+def rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+# ----------------------------------------------------------------------------------------
+# theory.py: H.1 notation
+
+@pytest.mark.parametrize("n", [1, 2, 7, 16, 33])
+def test_poly_star_coeff_roundtrip(n):
+    u = rand(n, seed=n)
+    x = torch.tensor(0.7, dtype=F64)
+    # poly*(u)(x) = x^{n-1} poly(u)(1/x)
+    assert torch.allclose(th.poly_eval(th.poly_star(u), x),
+                          x ** (n - 1) * th.poly_eval(th.poly(u), 1 / x), atol=1e-9)
+    assert torch.equal(th.coeff(th.poly(u), n), u)
+    assert torch.equal(th.coeff(th.poly(u), n + 3)[n:], torch.zeros(3, dtype=F64))
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 31])
+def test_poly_mul_is_polynomial_product(n):
+    a, b = rand(3, n, seed=n), rand(3, n + 2, seed=n + 100)
+    x = torch.tensor(-0.9, dtype=F64)
+    assert torch.allclose(th.poly_eval(th.poly_mul(a, b), x),
+                          th.poly_eval(a, x) * th.poly_eval(b, x), atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 4, 17, 64])
+@pytest.mark.parametrize("cyclic", [False, True])
+def test_three_convolutions_agree(n, cyclic):
+    u, v = rand(2, 3, n, seed=n), rand(2, 3, n, seed=n + 1)
+    ref = th.conv(u, v, cyclic, impl="direct")
+    for impl in ("poly", "fft"):
+        assert torch.allclose(th.conv(u, v, cyclic, impl=impl), ref, atol=1e-10)
+    # and against a plain loop over the defining sum
+    i = n - 1
+    js = range(i + 1) if not cyclic else range(n)
+    loop = sum(u[..., j] * v[..., (i - j) % n] for j in js)
+    assert torch.allclose(ref[..., i], loop, atol=1e-10)
+
+
+def test_fft_without_padding_is_cyclic_not_linear():
+    """Erratum (SPEC §7): u * k = iFFT(FFT(u) FFT(k)) only with zero padding to 2N."""
+    for n in (8, 32):
+        u, v = rand(n, seed=n), rand(n, seed=n + 1)
+        unpadded = torch.fft.irfft(torch.fft.rfft(u) * torch.fft.rfft(v), n=n)
+        assert torch.allclose(unpadded, th.conv(u, v, cyclic=True, impl="direct"), atol=1e-10)
+        assert not torch.allclose(unpadded, th.conv(u, v, impl="direct"), atol=1e-3)
+
+
+@pytest.mark.parametrize("n", [2, 9, 32])
+def test_cyclic_identity_filter_does_not_reverse(n):
+    """Erratum (SPEC §7): 'cyclic convolution with the identity filter reverses the sequence'."""
+    u = rand(4, n, seed=n)
+    e0 = torch.zeros(4, n, dtype=F64)
+    e0[:, 0] = 1
+    for impl in ("direct", "poly", "fft"):
+        out = th.conv(u, e0, cyclic=True, impl=impl)
+        assert torch.allclose(out, u, atol=1e-12)
+        assert not torch.allclose(out, u.flip(-1), atol=1e-3)   # the printed claim fails
+
+
+def test_hadamard_and_errors():
+    u, v = rand(6, seed=0), rand(6, seed=1)
+    assert torch.equal(th.hadamard(u, v), u * v)
+    with pytest.raises(ValueError, match="impl"):
+        th.conv(u, v, impl="fast")
+    with pytest.raises(ValueError, match="modulus"):
+        th.poly_mod(u, 3, "X^n+1")
+    with pytest.raises(ValueError, match="length"):
+        th.conv(u, v[:4])
+
+
+# ----------------------------------------------------------------------------------------
+# H.1 arithmetic circuits (Def H.1)
+
+def test_circuit_measures_on_a_small_circuit():
+    # (x0 + x1) * x0: levels 0, 0, 1, 2
+    c = th.Circuit(2, (("var", 0), ("var", 1), ("+", 0, 1), ("*", 2, 0)))
+    assert (th.size(c), th.depth(c), th.width(c)) == (4, 2, 3)
+    assert th.live_values(c) == [[0, 1], [0, 2]]
+    assert th.degree(c, "symbolic") == th.degree(c, "random") == th.degree_bound(c) == 2
+    x = rand(5, 2, seed=0)
+    assert torch.allclose(th.evaluate(c, x), (x[:, 0] + x[:, 1]) * x[:, 0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_circuits_degree_and_measures(seed):
+    n, Delta, w = 1 + seed % 3, 1 + seed % 4, 1 + seed % 3
+    c = th.random_circuit(n, Delta, w, seed=seed)
+    assert th.depth(c) == Delta
+    assert all(len(live) <= th.width(c) for live in th.live_values(c))
+    deg = th.degree(c, "symbolic")
+    assert deg == th.degree(c, "random", seed=seed) <= th.degree_bound(c)
+    # evaluation agrees with the expanded polynomial at a random point
+    x = rand(n, seed=seed)
+    ref = sum(a * math.prod(x[j].item() ** e for j, e in enumerate(m))
+              for m, a in th.expand(c).items())
+    assert abs(th.evaluate(c, x).item() - ref) <= 1e-8 * (1 + abs(ref))
+
+
+def test_degree_sees_cancellation_that_the_bound_misses():
+    # x0*x0 + (-1)*(x0*x0) = 0 and x0*x1 + 2*x0 - x0*x1 = 2 x0
+    zero = th.Circuit(1, (("var", 0), ("const", -1), ("*", 0, 0), ("*", 1, 2), ("+", 2, 3)))
+    assert th.degree_bound(zero) == 2 and th.degree(zero) == th.degree(zero, "symbolic") == -1
+    lin = th.Circuit(2, (("var", 0), ("var", 1), ("const", 2), ("const", -1), ("*", 0, 1),
+                         ("*", 2, 0), ("*", 3, 4), ("+", 4, 5), ("+", 7, 6)))
+    assert th.degree_bound(lin) == 2 and th.degree(lin) == th.degree(lin, "symbolic") == 1
+
+
+def test_circuit_errors():
+    c = th.Circuit(1, (("var", 0), ("const", 0.5), ("*", 0, 1)))
+    with pytest.raises(ValueError, match="integer constants"):
+        th.degree(c)
+    with pytest.raises(ValueError, match="num_vars"):
+        th.evaluate(c, rand(3, 2, seed=0))
+    with pytest.raises(ValueError, match="depth"):
+        th.random_circuit(2, 0, 2, seed=0)
+
+
+# ----------------------------------------------------------------------------------------
+# H.2 gated convolution model (Def H.2), K-matrices (Def H.3, H.17)
+
+def test_embed_and_read_out():
+    u = rand(2, 5, 3, seed=0)
+    z = th.embed(u, 8, 7)
+    assert z.shape == (2, 8, 7) and torch.equal(z[:, :5, :3], u)
+    assert z.abs().sum() == u.abs().sum()
+    assert torch.equal(th.read_out(z, 5, 3), u)
+    # an identity model returns its input; a model that doubles returns 2u
+    assert torch.equal(th.gated_conv_model(u, [], 8, 7), u)
+    assert torch.equal(th.gated_conv_model(u, [lambda z: 2 * z], 6, 3), 2 * u)
+    with pytest.raises(ValueError, match="Np"):
+        th.embed(u, 4, 7)
+
+
+@pytest.mark.parametrize("m", [2, 4, 16, 64])
+def test_dft_is_a_product_of_butterfly_factors(m):
+    factors, perm = th.dft_butterfly(m)
+    assert len(factors) == int(math.log2(m))
+    P = torch.eye(m, dtype=torch.complex128)[perm]
+    j = torch.arange(m, dtype=F64)
+    F = torch.exp(-2j * math.pi * torch.outer(j, j) / m)
+    assert torch.allclose(th.kmatrix_dense(factors) @ P, F, atol=1e-9)
+    nnz = sum(int((th.butterfly_factor_dense(tw) != 0).sum()) for tw in factors)
+    assert nnz == 2 * m * int(math.log2(m)) == th.kmatrix_params(factors)
+    x = rand(3, m, seed=m).to(torch.complex128)
+    assert torch.allclose(th.kmatrix_apply(x[:, perm], factors), torch.fft.fft(x), atol=1e-9)
+    # without the bit-reversal permutation the factors alone are not the DFT (m > 2)
+    if m > 2:
+        assert not torch.allclose(th.kmatrix_dense(factors), F, atol=1e-3)
+
+
+@pytest.mark.parametrize("m,w", [(2, 1), (8, 1), (16, 2), (64, 1)])
+def test_random_kmatrix_fast_equals_dense(m, w):
+    g = torch.Generator().manual_seed(m + w)
+    factors = th.random_kmatrix(m, w, g)
+    assert len(factors) == 2 * w * int(math.log2(m))
+    assert th.kmatrix_params(factors) == 4 * w * m * int(math.log2(m))
+    x = rand(5, m, seed=m)
+    assert torch.allclose(th.kmatrix_apply(x, factors, "fast"),
+                          th.kmatrix_apply(x, factors, "dense"), rtol=1e-9, atol=1e-9)
+    # each adjoint factor really is the adjoint
+    tw = factors[-1]
+    assert torch.equal(th.butterfly_factor_dense(th.butterfly_factor_adjoint(tw)),
+                       th.butterfly_factor_dense(tw).T.conj())
+    # generic: the product is dense (no structural zeros survive), from O(m log m) numbers
+    assert (th.kmatrix_dense(factors) != 0).all()
+
+
+def test_kmatrix_errors():
+    with pytest.raises(ValueError, match="power of two"):
+        th.dft_butterfly(12)
+    with pytest.raises(ValueError, match="impl"):
+        th.kmatrix_apply(rand(4, seed=0), th.dft_butterfly(4)[0], impl="slow")
+
+
+# ----------------------------------------------------------------------------------------
+# Section 4 and H.3: BaseConv and its primitives
+
+SHAPES = [(1, 1), (4, 3), (9, 5), (16, 8)]
+
+
+@pytest.mark.parametrize("Np,dp", SHAPES)
+@pytest.mark.parametrize("cyclic", [False, True])
+def test_baseconv_matches_the_formula_written_out(Np, dp, cyclic):
+    g = torch.Generator().manual_seed(Np * dp)
+    layer = th.random_layer(Np, dp, g, cyclic)
+    u = rand(2, Np, dp, seed=Np)
+    y = th.baseconv(u, layer)
+    assert torch.allclose(y, th.baseconv(u, layer, impl="direct"), atol=1e-10)
+    i, j = Np - 1, dp - 1
+    left = (u[:, i] @ layer.W[:, j]) + layer.b1[i, j]
+    ks = range(Np) if cyclic else range(i + 1)
+    right = sum(layer.h[k, j] * u[:, (i - k) % Np, j] for k in ks) + layer.b2[i, j]
+    assert torch.allclose(y[:, i, j], left * right, atol=1e-10)
+
+
+@pytest.mark.parametrize("Np,dp", SHAPES)
+def test_projection_convolution_gate(Np, dp):
+    u, W, h, F = rand(3, Np, dp, seed=1), rand(dp, dp, seed=2), rand(Np, dp, seed=3), \
+        rand(Np, dp, seed=4)
+    assert torch.allclose(th.baseconv_stack(u, th.projection(W, Np)), u @ W, atol=1e-10)
+    ref = th.conv_seq(u, h, impl="direct")
+    assert torch.allclose(th.baseconv_stack(u, th.convolution(h)), ref, atol=1e-10)
+    assert torch.allclose(th.baseconv_stack(u, th.gate(F)), F * u, atol=1e-12)
+    assert torch.allclose(th.baseconv_stack(u, th.identity(Np, dp)), u, atol=1e-12)
+
+
+@pytest.mark.parametrize("Np,dp", SHAPES)
+def test_shift_down_is_filter_x_to_the_s(Np, dp):
+    u = rand(2, Np, dp, seed=Np)
+    for s in range(Np):
+        want = torch.zeros_like(u)
+        want[:, s:] = u[:, :Np - s]
+        assert torch.allclose(th.baseconv_stack(u, th.shift_down(Np, dp, s)), want, atol=1e-12)
+        if s + 1 < Np:   # erratum: the printed filter X^{s+1} does not shift by s
+            printed = th.convolution(th.impulse(Np, dp, s + 1))
+            assert not torch.allclose(th.baseconv_stack(u, printed), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("Np,dp", SHAPES)
+def test_shift_up_one_cyclic_layer(Np, dp):
+    u = rand(2, Np, dp, seed=Np)
+    for s in range(Np):
+        want = torch.zeros_like(u)
+        want[:, :Np - s] = u[:, s:]
+        assert torch.allclose(th.baseconv_stack(u, th.shift_up(Np, dp, s)), want, atol=1e-12)
+        if s > 0:   # the same layer with a causal convolution does not shift up
+            causal = [th.Layer(*[getattr(l, f) for f in ("W", "b1", "h", "b2")], cyclic=False)
+                      for l in th.shift_up(Np, dp, s)]
+            assert not torch.allclose(th.baseconv_stack(u, causal), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_causal_stacks_cannot_move_information_up(seed):
+    """Row i of a causal stack's output depends on rows <= i only: shift_up needs ⊛."""
+    Np, dp = 8, 4
+    g = torch.Generator().manual_seed(seed)
+    layers = [th.random_layer(Np, dp, g) for _ in range(3)]
+    u = rand(Np, dp, seed=seed)
+    v = u.clone()
+    v[5:] += 1.0
+    assert torch.allclose(th.baseconv_stack(u, layers)[:5], th.baseconv_stack(v, layers)[:5],
+                          atol=1e-10)
+    assert not torch.allclose(th.baseconv_stack(u, layers)[5:], th.baseconv_stack(v, layers)[5:])
+
+
+@pytest.mark.parametrize("n,dp", [(1, 1), (3, 2), (8, 5)])
+def test_add(n, dp):
+    x, S = rand(n, dp, seed=n), rand(n, dp, seed=n + 1)
+    u = torch.cat([x, S, torch.zeros(n, dp, dtype=F64)])
+    want = torch.cat([x, S + x, torch.zeros(n, dp, dtype=F64)])
+    layers = th.add(n, dp)
+    assert len(layers) <= 2
+    assert torch.allclose(th.baseconv_stack(u, layers), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("Np,dp", SHAPES[1:])
+def test_stacking_and_remember(Np, dp):
+    g = torch.Generator().manual_seed(Np + dp)
+    f1 = [th.random_layer(Np, dp, g) for _ in range(2)]
+    f2 = [th.random_layer(Np, dp, g, cyclic=True) for _ in range(3)]
+    u = rand(2, Np, dp, seed=5)
+    both = th.stack(f1, f2)
+    assert len(both) == 5
+    assert torch.allclose(th.baseconv_stack(u, both),
+                          th.baseconv_stack(th.baseconv_stack(u, f1), f2), atol=1e-9)
+    r = rand(2, Np, 3, seed=6)
+    kept = th.remember(both, 3)
+    assert th.inner_dim(kept) == (5, Np, dp + 3)
+    out = th.baseconv_stack(torch.cat([u, r], -1), kept)
+    assert torch.allclose(out[..., :dp], th.baseconv_stack(u, both), atol=1e-9)
+    assert torch.allclose(out[..., dp:], r, atol=1e-12)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        th.stack(f1, [th.random_layer(Np + 1, dp, g)])
+
+
+def test_baseconv_model_embeds_and_reads_out():
+    g = torch.Generator().manual_seed(0)
+    layers = [th.random_layer(12, 6, g) for _ in range(2)]
+    u = rand(3, 7, 4, seed=0)
+    y = th.baseconv_model(u, layers)
+    assert y.shape == (3, 7, 4)
+    assert torch.allclose(y, th.baseconv_stack(th.embed(u, 12, 6), layers)[:, :7, :4])
+    with pytest.raises(ValueError, match="s="):
+        th.shift_down(4, 2, 4)
+
+
+# ----------------------------------------------------------------------------------------
+# Section 4.2: MQAR constructions
+
+MQAR_SIZES = [(16, 2, 40), (32, 4, 64), (64, 8, 128)]     # (N, D, c)
+
+
+def _margin(out, labels):
+    """At labelled positions: score of the label minus the best other score."""
+    at = labels != IGNORE
+    o = out[at]
+    right = o.gather(-1, labels[at][:, None])[:, 0]
+    return right - o.scatter(-1, labels[at][:, None], float("-inf")).max(-1).values
+
+
+@pytest.mark.parametrize("N,D,c", MQAR_SIZES)
+@pytest.mark.parametrize("softmax", [False, True])
+@pytest.mark.parametrize("random_non_queries", [False, True])
+def test_prop_4_3_attention_solves_mqar(N, D, c, softmax, random_non_queries):
+    x, y = multiquery_ar(16, c, N, D, power_a=0.01, random_non_queries=random_non_queries,
+                         seed=N + D)
+    pred, out = th.mqar_attention(x, c, softmax=softmax, mask="strict")
+    assert th.mqar_accuracy(pred, y) == 1.0
+    assert _margin(out, y).min() > 0.99
+    # the printed proof's unmasked sum: row i also gets x_{i+1} (whose preceding token is
+    # the query), a tie with the value wherever x_{i+1} is not the value itself
+    pred, out = th.mqar_attention(x, c, softmax=softmax, mask="none")
+    rows, cols = (y != IGNORE).nonzero(as_tuple=True)
+    differs = x[rows, cols + 1] != y[rows, cols]
+    assert differs.sum() >= len(differs) // 2
+    assert (_margin(out, y)[differs] < 1e-6).all()
+
+
+@pytest.mark.parametrize("N,D,c", MQAR_SIZES)
+def test_prop_4_3_non_strict_mask_fails_when_a_query_follows_itself(N, D, c):
+    x, y = multiquery_ar(16, c, N, D, seed=N)
+    rows, cols = (y != IGNORE).nonzero(as_tuple=True)
+    late = cols > 2 * D                      # the token before the query is not context
+    x = x.clone()
+    x[rows[late], cols[late] - 1] = x[rows[late], cols[late]]
+    assert late.any()
+    pred, _ = th.mqar_attention(x, c, mask="strict")
+    assert th.mqar_accuracy(pred, y) == 1.0
+    pred, out = th.mqar_attention(x, c, mask="causal")
+    assert (pred[rows[late], cols[late]] != y[rows[late], cols[late]]).all()
+
+
+@pytest.mark.parametrize("N,D,c", [(16, 2, 20), (32, 4, 40), (32, 8, 256)])
+def test_thm_4_4_input_independent_filters(N, D, c):
+    x, y = multiquery_ar(4, c, N, D, random_non_queries=N == 32, seed=c)
+    pred, layers = th.mqar_baseconv_input_independent(x, c, list(range(1, N)))
+    assert th.mqar_accuracy(pred, y) == 1.0
+    b = math.ceil(math.log2(c))
+    L, Np, dp = th.inner_dim(layers)
+    assert (Np, dp) == (N, 2 * b * (N - 1)) and L == 4 + max(1, math.ceil(math.log2(b)))
+    # the groups needed are exactly the distances present: drop the largest, a query fails
+    need = sorted(set(th.key_query_distances(x, y)))
+    pred, _ = th.mqar_baseconv_input_independent(x, c, need)
+    assert th.mqar_accuracy(pred, y) == 1.0
+    pred, _ = th.mqar_baseconv_input_independent(x, c, need[:-1])
+    assert th.mqar_accuracy(pred, y) < 1.0
+    # all filters are fixed impulses: the same layers for any input
+    _, again = th.mqar_baseconv_input_independent(x.flip(0), c, list(range(1, N)))
+    assert all(torch.equal(a.h, b_.h) for a, b_ in zip(layers, again))
+
+
+@pytest.mark.parametrize("N,D,c", [(16, 2, 20), (24, 6, 32), (32, 4, 40)])
+def test_thm_4_5_input_dependent_filters(N, D, c):
+    x, y = multiquery_ar(4, c, N, D, random_non_queries=True, seed=N + c)
+    need = th.needed_distances(x, y)
+    pred, layers = th.mqar_baseconv_input_dependent(x, c, need)
+    assert th.mqar_accuracy(pred, y) == 1.0
+    assert th.inner_dim(layers) == (4, N, 2 * c * len(need[-1]))
+    # missing one needed distance per example breaks some query
+    pred, _ = th.mqar_baseconv_input_dependent(x, c, [d[1:] or [N - 1] for d in need])
+    assert th.mqar_accuracy(pred, y) < 1.0
+
+
+def test_thm_4_5_top_autocorrelation_lags_can_miss_and_can_suffice():
+    """Erratum (SPEC §7): top-t autocorrelation lags need not cover the needed distances."""
+    c = 24
+    # filler layout: the filler correlates with itself at every even lag, so every
+    # example's top-t lags miss a needed distance and the construction then fails
+    x, y = multiquery_ar(6, c, 16, 2, seed=3)
+    need = th.needed_distances(x, y)
+    lags = [th.top_lags(x[i:i + 1], c, len(d))[0] for i, d in enumerate(need)]
+    assert all(not set(d) <= set(l) for d, l in zip(need, lags))
+    pred, _ = th.mqar_baseconv_input_dependent(x, c, lags)
+    assert th.mqar_accuracy(pred, y) < 0.5
+    # random non-queries: some examples are covered (then exact), some are not
+    x, y = multiquery_ar(6, c, 16, 2, random_non_queries=True, seed=0)
+    need = th.needed_distances(x, y)
+    lags = [th.top_lags(x[i:i + 1], c, len(d))[0] for i, d in enumerate(need)]
+    covered = [set(d) <= set(l) for d, l in zip(need, lags)]
+    assert any(covered) and not all(covered)
+    pred, _ = th.mqar_baseconv_input_dependent(x, c, lags)
+    for i, ok in enumerate(covered):
+        acc = th.mqar_accuracy(pred[i:i + 1], y[i:i + 1])
+        assert (acc == 1.0) == ok
+
+
+# ----------------------------------------------------------------------------------------
+# H.5: circuits into BaseConv (Thm H.5)
+
+@pytest.mark.parametrize("seed", range(8))
+def test_compiled_circuit_computes_the_same_polynomial(seed):
+    N, d = 1 + seed % 3, 1 + seed % 2
+    c = th.random_circuit(N * d, 1 + seed % 4, 1 + seed % 3, seed=seed)
+    layers = th.compile_circuit(c, N, d)
+    u = rand(6, N, d, seed=seed)
+    y = th.baseconv_model(u, layers)
+    ref = th.evaluate(c, u.reshape(6, N * d))
+    assert torch.allclose(y[:, 0, 0], ref, rtol=1e-9, atol=1e-9)
+    assert torch.count_nonzero(y.abs() > 1e-9) <= torch.count_nonzero(ref)   # only y[0, 0]
+    L, Np, dp = th.inner_dim(layers)
+    assert L <= 2 * th.depth(c) + 3 and Np == N
+    assert dp <= max(N * d + 2, 3 * th.width(c))
+    # a different circuit is not computed: change one gate and the values differ
+    k = len(c.nodes) - 1
+    op, a, b = c.nodes[k]
+    other = th.Circuit(c.num_vars, c.nodes[:k] + (("+" if op == "*" else "*", a, b),))
+    if th.degree(other) != th.degree(c) or th.expand(other) != th.expand(c):
+        assert not torch.allclose(th.baseconv_model(u, th.compile_circuit(other, N, d))[:, 0, 0],
+                                  ref, atol=1e-6)
+
+
+def test_compile_circuit_errors():
+    with pytest.raises(ValueError, match="num_vars"):
+        th.compile_circuit(th.random_circuit(3, 2, 2, seed=0), 2, 2)
+
+
+# ----------------------------------------------------------------------------------------
+# Thm 4.2: Hyena, H3, RetNet and RWKV layers as BaseConv stacks
+
+def _mixer(cls, D, seq_len, seed, **options):
+    return th.random_mixer(cls, D, seq_len, torch.Generator().manual_seed(seed), **options)
+
+
+def _with_h(layer, edit):
+    """A copy of `layer` whose filter h is changed in place by edit(h)."""
+    h = layer.h.clone()
+    edit(h)
+    return dataclasses.replace(layer, h=h)
+
+
+def _not_close(a, b):
+    return not torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("D,order,T,seq_len", [(4, 1, 8, 8), (8, 2, 16, 24), (6, 3, 13, 13),
+                                               (16, 2, 32, 32)])
+def test_hyena_is_a_baseconv_stack(D, order, T, seq_len):
+    m = _mixer(mixers.Hyena, D, seq_len, seed=D + T, order=order)
+    x = rand(3, T, D, seed=T)
+    layers = th.hyena_as_baseconv(m, T)
+    with torch.no_grad():
+        want = m(x)
+    assert torch.allclose(th.baseconv_model(x, layers), want, rtol=1e-10, atol=1e-10)
+    assert th.inner_dim(layers) == (order + 3, T, (order + 1) * D)
+    # every gated long convolution matters, and every tap of its filter
+    for l in range(2, order + 2):
+        assert _not_close(th.baseconv_model(x, layers[:l] + layers[l + 1:]), want)
+    bad = _with_h(layers[2], lambda h: h[T - 1, order * D].add_(1.0))
+    assert _not_close(th.baseconv_model(x, layers[:2] + [bad] + layers[3:]), want)
+
+
+@pytest.mark.parametrize("D,head_dim,d_state,shift_size,T", [(4, 1, 4, 2, 8), (8, 2, 8, 3, 16),
+                                                             (8, 4, 16, None, 12),
+                                                             (6, 3, 4, 5, 10)])
+def test_h3_is_a_baseconv_stack(D, head_dim, d_state, shift_size, T):
+    m = _mixer(mixers.H3, D, T, seed=D * head_dim, head_dim=head_dim, d_state=d_state,
+               shift_size=shift_size)
+    x = rand(3, T, D, seed=T + head_dim)
+    layers = th.h3_as_baseconv(m, T)
+    with torch.no_grad():
+        want = m(x)
+        skip = m._ssm()[3]
+    assert torch.allclose(th.baseconv_model(x, layers), want, rtol=1e-10, atol=1e-10)
+    assert th.inner_dim(layers) == (4, T, (2 + head_dim) * D)
+    # the skip term D must be folded into the SSM kernel's tap 0
+    unfolded = _with_h(layers[2], lambda h: h[0, 2 * D:].sub_(skip))
+    assert _not_close(th.baseconv_model(x, layers[:2] + [unfolded, layers[3]]), want)
+    # without the shift SSM (filter e_0 in layer 2), H3 is not computed
+    no_shift = _with_h(layers[1], lambda h: (h[:, 2 * D:].zero_(), h[0, 2 * D:].fill_(1.0)))
+    assert _not_close(th.baseconv_model(x, [layers[0], no_shift] + layers[2:]), want)
+
+
+@pytest.mark.parametrize("T,D,H", [(8, 4, 1), (16, 8, 2), (20, 12, 3)])
+def test_retention_is_a_sum_of_gated_long_convolutions(T, D, H):
+    g = torch.Generator().manual_seed(T)
+    gamma = 0.5 + 0.5 * torch.rand(H, generator=g, dtype=F64)
+    q, k, v = rand(3, 2, T, D, seed=D)
+    u = torch.cat([q, k, v], -1)                                   # the input [q | k | v]
+    eye = torch.eye(3 * D, dtype=F64)
+    layers = th.retention_as_baseconv(eye[:, :D], eye[:, D:2 * D], eye[:, 2 * D:], gamma, T)
+    hs = D // H
+    heads = [t.unflatten(-1, (H, hs)).transpose(1, 2) for t in (q, k, v)]   # (B, H, T, hs)
+    want = mixers.retention_parallel(*heads, gamma).transpose(1, 2).flatten(2)
+    y = th.baseconv_model(u, layers)
+    assert torch.allclose(y[..., :D], want, rtol=1e-10, atol=1e-10)
+    assert torch.equal(y[..., D:], torch.zeros_like(y[..., D:]))
+    assert th.inner_dim(layers) == (4, T, (2 + hs) * D)
+    # not a convolution of the input: cubic in it, where a convolution is linear
+    y2 = th.baseconv_model(2 * u, layers)[..., :D]
+    assert torch.allclose(y2, 8 * want, rtol=1e-10, atol=1e-9) and _not_close(y2, 2 * want)
+    # the filter is γ^l: another decay, or no k ⊙ v product layer, breaks it
+    other = th.retention_as_baseconv(eye[:, :D], eye[:, D:2 * D], eye[:, 2 * D:], gamma ** 2, T)
+    assert _not_close(th.baseconv_model(u, other)[..., :D], want)
+    assert _not_close(th.baseconv_model(u, layers[:1] + layers[2:])[..., :D], want)
+
+
+@pytest.mark.parametrize("D,H,T", [(4, 1, 8), (8, 2, 16), (12, 3, 10)])
+def test_retnet_is_a_baseconv_stack_up_to_its_group_norm(D, H, T):
+    m = _mixer(mixers.RetNet, D, T, seed=D + H, num_heads=H, chunk_size=4)
+    x = rand(3, T, D, seed=D)
+    layers = th.retnet_as_baseconv(m, T)
+    with torch.no_grad():
+        q, k, v = (t.transpose(1, 2) for t in m._heads(x))               # (B, H, T, hs)
+        heads = mixers.retention_parallel(q, k, v, m.gamma).transpose(1, 2)
+        want = m(x)
+    y = th.baseconv_model(x, layers)
+    assert torch.allclose(y, heads.flatten(2), rtol=1e-10, atol=1e-10)
+    assert th.inner_dim(layers) == (4, T, (2 + D // H) * D)
+    # group norm, swish gate and W_O on top of the stack's heads give the module's output
+    with torch.no_grad():
+        assert torch.allclose(m._output(x, y.unflatten(-1, (H, D // H))), want, atol=1e-10)
+
+
+def _wkv_sums(w, u, k, v):
+    """num, den of wkv by their defining sums, one position at a time."""
+    T = k.shape[1]
+    num, den = torch.zeros_like(v), torch.zeros_like(v)
+    for t in range(T):
+        for i in range(t + 1):
+            e = torch.exp(u + k[:, t]) if i == t else torch.exp(-(t - 1 - i) * w + k[:, i])
+            num[:, t] += e * v[:, i]
+            den[:, t] += e
+    return num, den
+
+
+@pytest.mark.parametrize("T,D", [(1, 3), (8, 4), (16, 6)])
+def test_wkv_numerator_and_denominator_are_baseconv(T, D):
+    g = torch.Generator().manual_seed(T + D)
+    w = torch.exp(torch.randn(D, generator=g, dtype=F64))
+    u, (k, v) = torch.randn(D, generator=g, dtype=F64), rand(2, 2, T, D, seed=T)
+    layers = th.wkv_as_baseconv(w, u, torch.eye(D, dtype=F64), torch.ones(D, dtype=F64), T)
+    out = th.baseconv_model(torch.cat([k.exp(), v], -1), layers)
+    num, den = _wkv_sums(w, u, k, v)
+    assert torch.allclose(out[..., :D], num, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(out[..., D:], den, rtol=1e-10, atol=1e-12)
+    assert th.inner_dim(layers) == (3, T, 2 * D)
+    wkv = mixers.wkv_reference(w, u, k, v)
+    assert torch.allclose(num / den, wkv, rtol=1e-10, atol=1e-12)
+    # the division is not BaseConv: scaling e^k by c scales num and den (degree 1), leaves
+    # wkv unchanged (degree 0), and wkv is not constant in e^k: no polynomial does that
+    for c in (0.25, 3.0):
+        out_c = th.baseconv_model(torch.cat([c * k.exp(), v], -1), layers)
+        assert torch.allclose(out_c, c * out, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(mixers.wkv_reference(w, u, k + math.log(c), v), wkv, atol=1e-10)
+    if T > 1:
+        assert _not_close(mixers.wkv_reference(w, u, rand(2, T, D, seed=0), v), wkv)
+        # the bonus e^u at lag 0 is needed
+        no_bonus = th.wkv_as_baseconv(w, 0 * u, torch.eye(D, dtype=F64),
+                                      torch.ones(D, dtype=F64), T)
+        assert _not_close(th.baseconv_model(torch.cat([k.exp(), v], -1), no_bonus), out)
+
+
+@pytest.mark.parametrize("D,T", [(4, 8), (8, 16), (6, 13)])
+def test_rwkv_is_baseconv_up_to_the_division(D, T):
+    m = _mixer(mixers.RWKV, D, T, seed=D + T, chunk_size=4)
+    x = rand(3, T, D, seed=T)
+    layers = th.rwkv_as_baseconv(m, T)
+    with torch.no_grad():
+        r, k, v = m._rkv(x, torch.nn.functional.pad(x, (0, 0, 1, -1)))
+        want = m(x)
+        out = th.baseconv_model(torch.cat([k.exp(), x], -1), layers)
+        num, den = out[..., :D], out[..., D:]
+        assert torch.allclose(m.out_proj(torch.sigmoid(r) * num / den), want, atol=1e-10)
+        assert torch.allclose(num, _wkv_sums(torch.exp(m.w_log), m.u, k, v)[0], rtol=1e-10)
+    assert th.inner_dim(layers) == (3, T, 2 * D)
+    # without the token shift on v (mix 1: filter e_0) the numerator is another one
+    no_shift = th.wkv_as_baseconv(torch.exp(m.w_log), m.u, m.value.weight.T,
+                                  torch.ones(D, dtype=F64), T)
+    out2 = th.baseconv_model(torch.cat([k.exp(), x], -1), no_shift)
+    assert _not_close(out2[..., :D], num) and torch.allclose(out2[..., D:], den)
+
+
+def test_thm_4_2_errors():
+    with pytest.raises(ValueError, match="T="):
+        th.hyena_as_baseconv(_mixer(mixers.Hyena, 4, 8, seed=0), 0)
+    eye = torch.eye(6, dtype=F64)
+    with pytest.raises(ValueError, match="H must divide D"):
+        th.retention_as_baseconv(eye, eye, eye, torch.full((4,), 0.9, dtype=F64), 8)
+
+
+# ----------------------------------------------------------------------------------------
+# H.6: the state bound for a gated recurrence (INDEX), made concrete
+
+CONTEXT_SIZES = [(2, 2, 1, False), (3, 2, 2, False), (3, 3, 2, True), (4, 3, 2, True),
+                 (3, 4, 3, True), (4, 2, 3, False)]                      # (c_k, c_v, D, distinct)
+INDEX_SIZES = [(1, 3, False), (2, 2, False), (2, 3, True), (2, 4, True), (3, 2, False),
+               (3, 4, True), (3, 8, True)]                               # (D, c_v, distinct)
+
+
+def _conflicting_pairs(contexts, c_k):
+    """The reference: every pair (i, j) of contexts that a shared query answers differently."""
+    A = th.answers(contexts, c_k).tolist()
+    return {(i, j) for i in range(len(A)) for j in range(i + 1, len(A))
+            if any(a >= 0 and b >= 0 and a != b for a, b in zip(A[i], A[j]))}
+
+
+def _assert_confusion(contexts, states, c_k, found):
+    i, j, q = found
+    A = th.answers(contexts, c_k)
+    assert torch.equal(states[i], states[j])
+    assert A[i, q] >= 0 and A[j, q] >= 0 and A[i, q] != A[j, q]
+
+
+@pytest.mark.parametrize("c_k,c_v,D,distinct", CONTEXT_SIZES)
+def test_mqar_contexts_are_every_context_once(c_k, c_v, D, distinct):
+    ctx = th.mqar_contexts(c_k, c_v, D, distinct)
+    want = {(tuple(ks), tuple(vs))
+            for ks in itertools.product(range(c_k), repeat=D) if len(set(ks)) == D
+            for vs in itertools.product(range(c_v), repeat=D)
+            if not distinct or len(set(vs)) == D}
+    got = {(tuple(c[:, 0].tolist()), tuple(c[:, 1].tolist())) for c in ctx}
+    assert got == want and len(ctx) == len(want)
+    A = th.answers(ctx, c_k)
+    assert ((A >= 0).sum(1) == D).all()
+
+
+@pytest.mark.parametrize("D,c_v,distinct", INDEX_SIZES)
+def test_index_family_pairwise_conflicts_and_bound(D, c_v, distinct):
+    ctx = th.index_contexts(D, c_v, distinct)
+    M = len(ctx)
+    assert M == (math.perm(c_v, D) if distinct else c_v**D)
+    assert math.isclose(th.index_bound_bits(D, c_v, distinct), math.log2(M))
+    assert (ctx[..., 0] == torch.arange(D)).all()
+    if M <= 64:   # the plain pairwise loop
+        assert len(_conflicting_pairs(ctx, D)) == M * (M - 1) // 2
+    A = th.answers(ctx, D)
+    assert (A >= 0).all() and th.count_states(A) == M
+    # MQAR's layout: c_v = c/2, c > N >= 4D gives at least D log2(c/4) bits
+    for N, D_, c in ((64, 16, 66), (256, 64, 258), (512, 64, 8192)):
+        assert th.index_bound_bits(D_, c // 2) >= D_ * math.log2(c / 4)
+
+
+@pytest.mark.parametrize("D,c_v,distinct", INDEX_SIZES)
+def test_fewer_states_than_the_bound_always_confuse(D, c_v, distinct):
+    ctx = th.index_contexts(D, c_v, distinct)
+    M = len(ctx)
+    bits = math.ceil(th.index_bound_bits(D, c_v, distinct)) - 1   # one bit below the bound
+    g = torch.Generator().manual_seed(D * 100 + c_v)
+    for _ in range(5):
+        for states in (torch.randint(2**bits, (M,), generator=g),
+                       torch.randint(M - 1, (M,), generator=g)):
+            found = th.find_confusion(ctx, states, D)
+            assert found is not None
+            _assert_confusion(ctx, states, D, found)
+        # M states (one per context) are enough: no confusion
+        assert th.find_confusion(ctx, torch.randperm(M, generator=g), D) is None
+    # the exact RetNet state with any one of its bits dropped
+    _, S = th.retnet_recall(ctx, D, c_v)
+    flat = S.flatten(1)
+    for e in range(flat.shape[1]):
+        kept = torch.cat([flat[:, :e], flat[:, e + 1:]], 1)
+        assert th.count_states(kept) < M
+        _assert_confusion(ctx, kept, D, th.find_confusion(ctx, kept, D))
+
+
+@pytest.mark.parametrize("c_k,c_v,D,distinct", CONTEXT_SIZES[:4])
+def test_find_confusion_agrees_with_the_pairwise_loop(c_k, c_v, D, distinct):
+    """On all contexts (keys from c_k) equal states need not confuse: keys may differ."""
+    ctx = th.mqar_contexts(c_k, c_v, D, distinct)
+    conflicts = _conflicting_pairs(ctx, c_k)
+    g = torch.Generator().manual_seed(c_k + c_v + D)
+    _, G = th.min_states(c_k, c_v, D, distinct)
+    candidates = [torch.randint(k, (len(ctx),), generator=g) for k in (2, 4, 8, 16, len(ctx))]
+    candidates.append(th.cover_states(ctx, G))
+    for states in candidates:
+        st = states.tolist()
+        confused = any(st[i] == st[j] for i, j in conflicts)
+        found = th.find_confusion(ctx, states, c_k)
+        assert (found is not None) == confused
+        if found is not None:
+            _assert_confusion(ctx, states, c_k, found)
+    assert th.find_confusion(ctx, candidates[-1], c_k) is None
+
+
+def _kleitman_spencer(k):
+    """The least number of binary assignments covering every pair of k keys with every value
+    pair (strength-2 binary covering arrays): least n with C(n-1, ceil(n/2)) >= k."""
+    n = 4
+    while math.comb(n - 1, math.ceil(n / 2)) < k:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("c_k,c_v,D,distinct", [(2, 2, 1, False), (3, 3, 1, True),
+                                               (3, 2, 2, False), (4, 2, 2, False),
+                                               (5, 2, 2, False), (3, 2, 3, False),
+                                               (4, 2, 3, False), (3, 3, 2, True),
+                                               (4, 3, 2, True), (3, 4, 2, True)])
+def test_min_states_by_exhaustive_search(c_k, c_v, D, distinct):
+    n, G = th.min_states(c_k, c_v, D, distinct)
+    ctx = th.mqar_contexts(c_k, c_v, D, distinct)
+    # the cover is a model: every context gets a state, and G[state] answers every query
+    st = th.cover_states(ctx, G)
+    assert (st >= 0).all()
+    A = th.answers(ctx, c_k)
+    assert ((G[st] == A) | (A < 0)).all()
+    # the counting bound holds and is tight when every key is in every context
+    F = math.perm(c_v, D) if distinct else c_v**D
+    assert n >= F and (n == F or c_k > D)
+    if c_k > D:   # the number of distinct answer functions is no lower bound
+        assert th.count_states(A) > n
+    if c_v == 2 and D == 2 and not distinct:
+        assert n == _kleitman_spencer(c_k)
+    if c_v**c_k <= 16:   # the plain reference: no n - 1 assignments cover every context
+        for fewer in itertools.combinations(itertools.product(range(c_v), repeat=c_k), n - 1):
+            st = th.cover_states(ctx, torch.tensor(fewer, dtype=torch.long).reshape(n - 1, c_k))
+            assert (st < 0).any()
+
+
+def test_retnet_state_loop_equals_parallel_form():
+    k, v = rand(3, 5, 4, seed=0), rand(3, 5, 2, seed=1)
+    for gamma in (1.0, 0.9):
+        w = gamma ** torch.arange(4, -1, -1, dtype=F64)
+        assert torch.allclose(th.retnet_state(k, v, gamma),
+                              torch.einsum("t,mtk,mtv->mkv", w, k, v), atol=1e-12)
+
+
+@pytest.mark.parametrize("c_k,c_v,D,distinct", CONTEXT_SIZES)
+def test_retnet_state_solves_every_context(c_k, c_v, D, distinct):
+    ctx = th.mqar_contexts(c_k, c_v, D, distinct)
+    pred, S = th.retnet_recall(ctx, c_k, c_v)
+    assert torch.equal(pred, th.answers(ctx, c_k))
+    b = max(1, math.ceil(math.log2(c_v)))
+    assert S.shape == (len(ctx), c_k, b) and set(S.unique().tolist()) <= {0.0, 1.0}
+    assert th.find_confusion(ctx, S, c_k) is None
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("distinct", [False, True])
+def test_d_by_d_retnet_state_has_the_size_the_bound_allows(d, distinct):
+    ctx = th.index_contexts(d, 2**d, distinct)
+    pred, S = th.retnet_recall(ctx, d, 2**d)
+    assert S.shape[1:] == (d, d) and torch.equal(pred, th.answers(ctx, d))
+    assert math.ceil(th.index_bound_bits(d, 2**d, distinct)) == d * d
+    assert th.count_states(S) == len(ctx)          # injective: no bit of the 0/1 state idle
+    if not distinct:                               # with repeats every 0/1 state occurs
+        assert th.count_states(S) == 2**(d * d)
+
+
+@pytest.mark.parametrize("D,c_v,distinct", [(2, 2, False), (2, 4, True), (3, 2, False),
+                                            (3, 4, True), (3, 8, True)])
+def test_smaller_retnet_state_fails(D, c_v, distinct):
+    ctx = th.index_contexts(D, c_v, distinct)
+    A = th.answers(ctx, D)
+    for d_k in range(1, D):
+        pred, S = th.retnet_recall(ctx, D, c_v, d_k=d_k)
+        assert S.shape[1] == d_k
+        assert (pred != A).any(1).any()
+        assert th.count_states(S) < len(ctx)
+        _assert_confusion(ctx, S, D, th.find_confusion(ctx, S, D))
+        # the proof: swap the values of keys 0 and d_k (one row): same state, other answers
+        swapped = ctx.clone()
+        swapped[:, [0, d_k], 1] = ctx[:, [d_k, 0], 1]
+        _, S2 = th.retnet_recall(swapped, D, c_v, d_k=d_k)
+        assert torch.equal(S, S2)
+
+
+@pytest.mark.parametrize("N,D,c", MQAR_SIZES)
+def test_retnet_state_on_mqar_instances(N, D, c):
+    x, y = multiquery_ar(8, c, N, D, random_non_queries=True, seed=N + c)
+    assert th.mqar_accuracy(th.mqar_retnet(x, c, D), y) == 1.0
+    # the answer comes from the state: give k_1 another value in the context, and the
+    # query of k_1 (one in D) gets that value, not the label
+    x2 = x.clone()
+    x2[:, 1] = (x[:, 1] - c // 2 + 1) % (c - c // 2) + c // 2
+    pred = th.mqar_retnet(x2, c, D)
+    assert th.mqar_accuracy(pred, y) == 1 - 1 / D
+    rows, cols = (y != IGNORE).nonzero(as_tuple=True)
+    first = x[rows, cols] == x[rows, 0]
+    assert torch.equal(pred[rows, cols][first], x2[rows[first], 1])
+
+
+def test_h6_errors():
+    with pytest.raises(ValueError, match="c_v"):
+        th.mqar_contexts(3, 2, 3)                   # 3 distinct values from 2
+    with pytest.raises(ValueError, match="c_k"):
+        th.mqar_contexts(2, 4, 3)
+    with pytest.raises(ValueError, match="contexts"):
+        th.mqar_contexts(12, 12, 6)
+    with pytest.raises(ValueError, match="contexts"):
+        th.index_contexts(6, 64)
+    with pytest.raises(ValueError, match="search"):
+        th.min_states(5, 3, 2)
+    ctx = th.index_contexts(2, 3)
+    with pytest.raises(ValueError, match="states"):
+        th.find_confusion(ctx, torch.zeros(len(ctx) - 1), 2)
+
+
+def test_theory_report_rows_all_pass():
+    """`python theory.py` reruns every check on fresh instances; none may fail."""
+    rows = th.report()
+    assert len(rows) >= 20
+    assert all("pass" in check and "FAIL" not in check for _, check, _ in rows), rows
 
 
 # ----------------------------------------------------------------------------------------
