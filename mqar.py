@@ -36,27 +36,27 @@ IGNORE = -100  # label of every position that carries no loss (PyTorch's ignore_
 # ----------------------------------------------------------------------------------------
 # argument checks
 
-def _check_int(name, value, low, allowed):
+def check_int(name, value, low, allowed):
     """Raise a ValueError naming `name` unless `value` is an int >= low."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ValueError(f"{name}={value!r} is not allowed: {name} must be {allowed}")
 
 
 def _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, seed):
-    _check_int("num_examples", num_examples, 0, "an integer >= 0")
-    _check_int("seq_len", seq_len, 4, "an even integer >= 4")
+    check_int("num_examples", num_examples, 0, "an integer >= 0")
+    check_int("seq_len", seq_len, 4, "an even integer >= 4")
     if seq_len % 2:
         raise ValueError(f"seq_len={seq_len} is not allowed: seq_len must be even "
                          "(query slots sit at every other position after the context)")
-    _check_int("num_kv_pairs", num_kv_pairs, 1, "an integer >= 1")
+    check_int("num_kv_pairs", num_kv_pairs, 1, "an integer >= 1")
     if 4 * num_kv_pairs > seq_len:
         raise ValueError(f"num_kv_pairs={num_kv_pairs} is not allowed with seq_len={seq_len}: "
                          f"4*num_kv_pairs must be <= seq_len (at most {seq_len // 4}), so that "
                          "every key gets its own query slot")
-    _check_int("vocab_size", vocab_size, seq_len + 1, f"an integer > seq_len={seq_len}")
+    check_int("vocab_size", vocab_size, seq_len + 1, f"an integer > seq_len={seq_len}")
     if isinstance(power_a, bool) or not isinstance(power_a, (int, float)) or not power_a > 0:
         raise ValueError(f"power_a={power_a!r} is not allowed: power_a must be a number > 0")
-    _check_int("seed", seed, 0, "an integer >= 0")
+    check_int("seed", seed, 0, "an integer >= 0")
 
 
 # ----------------------------------------------------------------------------------------
@@ -207,13 +207,13 @@ def associative_recall(num_examples, vocab_size=40, seq_len=33, seed=0):
     Returns (inputs, labels): int64 tensors (num_examples, seq_len), labels -100 except at
     the last position.
     """
-    _check_int("num_examples", num_examples, 0, "an integer >= 0")
-    _check_int("seq_len", seq_len, 3, "an integer >= 3")
+    check_int("num_examples", num_examples, 0, "an integer >= 0")
+    check_int("seq_len", seq_len, 3, "an integer >= 3")
     D = (seq_len - 1) // 2
-    _check_int("vocab_size", vocab_size, 2 * D + 2,
+    check_int("vocab_size", vocab_size, 2 * D + 2,
                f"an integer >= {2 * D + 2} (seq_len={seq_len} needs {D} distinct keys "
                "below vocab_size/2)")
-    _check_int("seed", seed, 0, "an integer >= 0")
+    check_int("seed", seed, 0, "an integer >= 0")
     B, N, c = num_examples, seq_len, vocab_size
     rng = np.random.default_rng(seed)
     keys = sample_distinct(rng, B, D, 1, c // 2)
@@ -250,9 +250,9 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
       filler_mask[t] token t is the filler (the paper's non-AR tokens).
     """
     token_ids = torch.as_tensor(token_ids).flatten().unique()
-    _check_int("num_examples", num_examples, 0, "an integer >= 0")
-    _check_int("seq_len", seq_len, 4, "an integer >= 4")
-    _check_int("num_pairs", num_pairs, 1, f"an integer >= 1 with 4*num_pairs <= seq_len")
+    check_int("num_examples", num_examples, 0, "an integer >= 0")
+    check_int("seq_len", seq_len, 4, "an integer >= 4")
+    check_int("num_pairs", num_pairs, 1, f"an integer >= 1 with 4*num_pairs <= seq_len")
     if 4 * num_pairs > seq_len:
         raise ValueError(f"num_pairs={num_pairs} is not allowed with seq_len={seq_len}: "
                          f"4*num_pairs must be <= seq_len (at most {seq_len // 4})")
@@ -260,7 +260,7 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
     if len(pool) < 2 * num_pairs:
         raise ValueError(f"token_ids has {len(pool)} ids other than filler_id={filler_id}; "
                          f"num_pairs={num_pairs} needs at least {2 * num_pairs}")
-    _check_int("seed", seed, 0, "an integer >= 0")
+    check_int("seed", seed, 0, "an integer >= 0")
     B, P, N = num_examples, num_pairs, seq_len
     rng = np.random.default_rng(seed)
     ids = pool[sample_distinct(rng, B, 2 * P, 0, len(pool))]                # (B, 2P)

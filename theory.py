@@ -57,20 +57,10 @@ import numpy as np
 import torch
 
 import mixers
-from mqar import IGNORE, multiquery_ar
+from mixers import check_choice
+from mqar import IGNORE, check_int, multiquery_ar
 
 DTYPE = torch.float64
-
-
-def _check_choice(name, value, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed: {name} must be one of "
-                         f"{', '.join(repr(a) for a in allowed)}")
-
-
-def _check_int(name, value, low, allowed):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name}={value!r} is not allowed: {name} must be {allowed}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -112,7 +102,7 @@ def poly_mul(a, b):
 
 def poly_mod(p, n, modulus):
     """p(X) mod X^n ("X^n": drop degrees >= n) or mod X^n - 1 ("X^n-1": X^n = 1, fold k -> k mod n)."""
-    _check_choice("modulus", modulus, ("X^n", "X^n-1"))
+    check_choice("modulus", modulus, ("X^n", "X^n-1"))
     if modulus == "X^n":
         return coeff(p, n)
     k = torch.arange(p.shape[-1]) % n
@@ -170,7 +160,7 @@ CYCLIC_CONV_IMPLS = {"direct": cyclic_conv_direct, "poly": cyclic_conv_poly,
 def conv(u, v, cyclic=False, impl="fft"):
     """u * v (cyclic=False) or u ⊛ v (cyclic=True) along the last axis; impl picks the way."""
     impls = CYCLIC_CONV_IMPLS if cyclic else CONV_IMPLS
-    _check_choice("impl", impl, tuple(impls))
+    check_choice("impl", impl, tuple(impls))
     if u.shape[-1] != v.shape[-1]:
         raise ValueError(f"v has length {v.shape[-1]}; it must equal the length of u, "
                          f"{u.shape[-1]} (pad the shorter one with zeros)")
@@ -352,7 +342,7 @@ DEGREE_IMPLS = {"symbolic": degree_symbolic, "random": degree_random}
 
 def degree(circuit, impl="random", seed=0):
     """The degree of the polynomial the circuit computes (Def H.1); -1 for the zero polynomial."""
-    _check_choice("impl", impl, tuple(DEGREE_IMPLS))
+    check_choice("impl", impl, tuple(DEGREE_IMPLS))
     return DEGREE_IMPLS[impl](circuit, seed)
 
 
@@ -364,9 +354,9 @@ def random_circuit(num_vars, depth, width, seed, num_consts=2):
     at random; the last level is one gate, the output. Nodes that do not reach the output
     are dropped, so size counts only nodes that matter.
     """
-    _check_int("num_vars", num_vars, 1, "an integer >= 1")
-    _check_int("depth", depth, 1, "an integer >= 1")
-    _check_int("width", width, 1, "an integer >= 1")
+    check_int("num_vars", num_vars, 1, "an integer >= 1")
+    check_int("depth", depth, 1, "an integer >= 1")
+    check_int("width", width, 1, "an integer >= 1")
     rng = random.Random(seed)
     nodes = [("var", i) for i in range(num_vars)]
     nodes += [("const", rng.randint(-2, 2)) for _ in range(num_consts)]
@@ -468,7 +458,7 @@ def kmatrix_dense(factors):
 def kmatrix_apply(x, factors, impl="fast"):
     """M x for each row x of (..., m), with M = F_0 ... F_{r-1}: "dense" multiplies by the
     materialized matrix (O(m^2)), "fast" applies the factors right to left (O(r m))."""
-    _check_choice("impl", impl, ("dense", "fast"))
+    check_choice("impl", impl, ("dense", "fast"))
     if impl == "dense":
         return x @ kmatrix_dense(factors).T
     for tw in reversed(factors):
@@ -514,7 +504,7 @@ def random_kmatrix(m, w, generator):
     (The expansion e of Def H.17, embedding in a larger matrix and taking the top-left
     block, is omitted: it only matters for non-power-of-two sizes.)"""
     _check_power_of_two("m", m)
-    _check_int("w", w, 1, "an integer >= 1")
+    check_int("w", w, 1, "an integer >= 1")
     sizes = [m >> j for j in range(m.bit_length() - 1)]                      # m, m/2, ..., 2
     factors = []
     for _ in range(w):
@@ -618,7 +608,7 @@ def identity(Np, dp, cyclic=False):
 
 
 def _check_shift(s, Np):
-    _check_int("s", s, 0, f"an integer in [0, N') = [0, {Np})")
+    check_int("s", s, 0, f"an integer in [0, N') = [0, {Np})")
     if s >= Np:
         raise ValueError(f"s={s} is not allowed: s must be in [0, N') = [0, {Np})")
 
@@ -653,7 +643,7 @@ def add(n, dp):
     One layer: filter 1 + X^n adds every row to the row n below it, giving (x, S + x, S),
     and b1 zeroes the last block (W = 0). The paper states it with two layers.
     """
-    _check_int("n", n, 1, "an integer >= 1")
+    check_int("n", n, 1, "an integer >= 1")
     h = impulse(3 * n, dp, 0) + impulse(3 * n, dp, n)
     keep = _zeros(3 * n, dp)
     keep[:2 * n] = 1
@@ -753,7 +743,7 @@ MASKS = ("strict", "causal", "none")
 
 
 def _mask(N, mask):
-    _check_choice("mask", mask, MASKS)
+    check_choice("mask", mask, MASKS)
     i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
     return {"strict": j < i, "causal": j <= i, "none": torch.ones(N, N, dtype=torch.bool)}[mask]
 
@@ -828,14 +818,19 @@ def mqar_baseconv_input_independent(tokens, c, distances):
     return from_bits(bits), layers
 
 
-def mqar_input_independent_layers(N, b, distances):
-    """The layers of `mqar_baseconv_input_independent` for sequence length N and b bits."""
+def _check_distances(distances, N):
+    """Raise a ValueError unless `distances` is a non-empty list of integers in [1, N)."""
     if not distances:
         raise ValueError("distances=[] is not allowed: give at least one distance in [1, N)")
     for s in distances:
-        _check_int("distances", s, 1, f"a list of integers in [1, N) = [1, {N})")
+        check_int("distances", s, 1, f"a list of integers in [1, N) = [1, {N})")
         if s >= N:
             raise ValueError(f"distances contains {s}: each must be in [1, N) = [1, {N})")
+
+
+def mqar_input_independent_layers(N, b, distances):
+    """The layers of `mqar_baseconv_input_independent` for sequence length N and b bits."""
+    _check_distances(distances, N)
     G = len(distances)
     dp = 2 * b * G
     A = [list(range(2 * b * g, 2 * b * g + b)) for g in range(G)]           # channel indices
@@ -911,12 +906,7 @@ def mqar_input_dependent_layers(N, c, distances):
     The construction needs no gate that zeroes query rows (SPEC §7 on H.8): a query is never
     matched with itself because every s >= 1.
     """
-    if not distances:
-        raise ValueError("distances=[] is not allowed: give at least one distance in [1, N)")
-    for s in distances:
-        _check_int("distances", s, 1, f"a list of integers in [1, N) = [1, {N})")
-        if s >= N:
-            raise ValueError(f"distances contains {s}: each must be in [1, N) = [1, {N})")
+    _check_distances(distances, N)
     t, dp = len(distances), 2 * c * len(distances)
     M = [slice(2 * c * g, 2 * c * g + c) for g in range(t)]
     V = [slice(2 * c * g + c, 2 * c * (g + 1)) for g in range(t)]
@@ -1139,7 +1129,7 @@ def hyena_as_baseconv(hyena, T):
       L+3.     affine:      y = z^L W_out + b_out, into channels 0..D-1
     (L, N', d') = (L+3, T, (L+1) D): Algorithm 3's L gated convolutions, one layer each.
     """
-    _check_int("T", T, 1, "an integer >= 1")
+    check_int("T", T, 1, "an integer >= 1")
     D, L = hyena.d_model, hyena.order
     dp = (L + 1) * D
     z = slice(L * D, dp)
@@ -1208,7 +1198,7 @@ def h3_as_baseconv(h3, T):
     (L, N', d') = (4, T, 3D) for head_dim = 1 (q ⊙ SSM(shift(k) ⊙ v)); head_dim hd > 1
     needs hd copies of every k channel and the sum over i folded into W_o: (4, T, (2 + hd) D).
     """
-    _check_int("T", T, 1, "an integer >= 1")
+    check_int("T", T, 1, "an integer >= 1")
     with torch.no_grad():
         log_dt, A, C, skip = h3._ssm()
         K = mixers.diagonal_ssm_kernel(log_dt, A, C, T)
@@ -1233,7 +1223,7 @@ def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
     (s = e_0), K = g_h and W_o = I. (L, N', d') = (4, T, max(d, (2 + hs) D)): the hs x hs
     per-head state of the recurrent form, as hs^2 channels.
     """
-    _check_int("T", T, 1, "an integer >= 1")
+    check_int("T", T, 1, "an integer >= 1")
     H, D = len(gamma), W_q.shape[1]
     if D % H:
         raise ValueError(f"W_q has D={D} columns and gamma H={H} heads: H must divide D")
@@ -1282,7 +1272,7 @@ def wkv_as_baseconv(w, u, W_v, mix_v, T):
     polynomial in x (so it is an input here), and wkv = num / den is unchanged when E is
     scaled by any c > 0 while not constant in E, which no polynomial is.
     """
-    _check_int("T", T, 1, "an integer >= 1")
+    check_int("T", T, 1, "an integer >= 1")
     D = W_v.shape[0]
     E, x = slice(0, D), slice(D, 2 * D)
     with torch.no_grad():
@@ -1320,10 +1310,10 @@ def rwkv_as_baseconv(rwkv, T):
 # family. What this section proves, and what it only exhibits, is said function by function.
 
 def _check_contexts(c_k, c_v, D, distinct_values):
-    _check_int("D", D, 1, "an integer >= 1")
-    _check_int("c_k", c_k, D, f"an integer >= D={D} (the D keys of a context are distinct)")
+    check_int("D", D, 1, "an integer >= 1")
+    check_int("c_k", c_k, D, f"an integer >= D={D} (the D keys of a context are distinct)")
     low = D if distinct_values else 1
-    _check_int("c_v", c_v, low, f"an integer >= {low}" + (f" (D={D} distinct values)"
+    check_int("c_v", c_v, low, f"an integer >= {low}" + (f" (D={D} distinct values)"
                                                           if distinct_values else ""))
 
 
@@ -1522,7 +1512,7 @@ def retnet_recall(contexts, c_k, c_v, d_k=None):
     one more token in its state. Returns (predictions (M, c_k), -1 for absent keys; S).
     """
     d_k = c_k if d_k is None else d_k
-    _check_int("d_k", d_k, 1, "an integer >= 1")
+    check_int("d_k", d_k, 1, "an integer >= 1")
     b = max(1, math.ceil(math.log2(c_v)))
     keys, vals = contexts[..., 0], contexts[..., 1]
     S = retnet_state(one_hot(keys % d_k, d_k), to_bits(vals, b))               # (M, d_k, b)
