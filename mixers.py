@@ -14,6 +14,17 @@ Implements SPEC §3 (../shared/paper/SPEC.md), the mixers of Figure 2 and Figure
                      (Poli et al., 2023).
   h3                 q ⊙ SSM_diag(SSM_shift(k) ⊙ v) (Fu et al., 2023a; its diagonal SSM is
                      S4D, Gu et al., 2022).
+and the recurrences, linear attention and hybrids the paper studies or names:
+  rwkv               RWKV-4 time mixing (Peng et al., 2023): wkv by a running-max recurrence
+                     (reference) or by chunks merged in log space (fast).
+  retnet             multi-scale retention (Sun et al., 2023): recurrent (reference),
+                     chunkwise (fast) and parallel forms of one function.
+  based              Based linear attention (Arora et al., 2024), 2nd-order Taylor feature
+                     map: recurrent (reference), chunked (fast) and quadratic forms.
+  mamba              the selective SSM (Gu & Dao, 2023): sequential scan (reference) and a
+                     chunked scan (fast).
+  selective_attention  Section 5: attention whose output row i is kept only where
+                     f(u)[i] = 1, f programmatic, learned or random.
 
 The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`):
   forward(x)          x (B, T, D) -> y (B, T, D), causal: y[:, t] depends on x[:, :t+1] only.
@@ -40,6 +51,10 @@ Glossary (code name -> paper symbol):
   L Hyena order (Algorithm 3's L: number of gated convolutions), p^ℓ, v, z^ℓ Hyena's
   projections and iterates; an SSM has A, B, C, Δ (dt) and d_state numbers of state per
   channel (the SSM functions call their channels D too: H·head_dim² of them in H3).
+  w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ_h = 1 - 2^(-5-h);
+  d' (feature_dim) Based's feature dimension, F = 1 + d' + d'² the size of φ(x);
+  d_inner Mamba's inner width; f selective attention's row selection, k (top_k) its budget;
+  C the chunk size of a chunked form.
 """
 import argparse
 import inspect
