@@ -847,6 +847,16 @@ def test_taylor_feature_map_identity():
     assert torch.allclose(mixers._taylor_kernel(q, k).diagonal(), lhs, atol=1e-12)
 
 
+def test_compact_taylor_feature_map_gives_the_same_kernel():
+    torch.manual_seed(0)
+    d = 16
+    q, k = torch.randn(5, d, dtype=F64), torch.randn(5, d, dtype=F64)
+    fq, fk = mixers.taylor_feature_map_compact(q), mixers.taylor_feature_map_compact(k)
+    assert fq.shape == (5, 1 + d + d * (d + 1) // 2)
+    want = mixers.taylor_feature_map(q) @ mixers.taylor_feature_map(k).T
+    assert torch.allclose(fq @ fk.T, want, atol=1e-12, rtol=1e-12)
+
+
 def test_three_based_forms_are_equal_in_float64():
     torch.manual_seed(0)
     B, H, T, d, hv = 2, 2, 29, 4, 3
