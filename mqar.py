@@ -54,8 +54,10 @@ def _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, s
                          f"4*num_kv_pairs must be <= seq_len (at most {seq_len // 4}), so that "
                          "every key gets its own query slot")
     check_int("vocab_size", vocab_size, seq_len + 1, f"an integer > seq_len={seq_len}")
-    if isinstance(power_a, bool) or not isinstance(power_a, (int, float)) or not power_a > 0:
-        raise ValueError(f"power_a={power_a!r} is not allowed: power_a must be a number > 0")
+    if (isinstance(power_a, bool) or not isinstance(power_a, (int, float, np.floating))
+            or not 0 < power_a < float("inf")):
+        raise ValueError(f"power_a={power_a!r} is not allowed: power_a must be a finite "
+                         "number > 0")
     check_int("seed", seed, 0, "an integer >= 0")
 
 
@@ -63,7 +65,8 @@ def _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, s
 # vectorized sampling helpers
 
 def sample_distinct(rng, num_rows, k, low, high):
-    """k distinct integers from [low, high) per row, uniformly over ordered k-tuples.
+    """k distinct integers from [low, high) per row, uniformly over ordered k-tuples (up to
+    float32 ties in the shuffle, noted below).
 
     Floyd's algorithm, vectorized over rows: for j = M-k .. M-1 draw t uniform in [0, j];
     take t unless this row already holds it, then take j. That gives a uniform k-subset
@@ -78,13 +81,18 @@ def sample_distinct(rng, num_rows, k, low, high):
     for i in range(k):
         taken = (chosen[:, :i] == draws[:, i:i + 1]).any(axis=1)
         chosen[:, i] = np.where(taken, j[i], draws[:, i])
+    # float32 keys: two equal draws (about one row in 10^4 at k = 64) keep their order
     order = np.argsort(rng.random((num_rows, k), dtype=np.float32), axis=1)
     return np.take_along_axis(chosen, order, axis=1) + low
 
 
 def power_law_probs(space, power_a):
-    """P(g) ∝ α·(g+1)^(α-1) for the query slots g = 0..space-1 (Procedure 1)."""
-    p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+    """P(g) ∝ α·(g+1)^(α-1) for the query slots g = 0..space-1 (Procedure 1).
+
+    Computed in log space and normalised by its largest term, so that a large α neither
+    overflows nor underflows (the factor α cancels)."""
+    logp = (power_a - 1) * np.log(np.arange(1, space + 1, dtype=np.float64))
+    p = np.exp(logp - logp.max())
     return p / p.sum()
 
 
@@ -96,8 +104,9 @@ def sample_weighted_without_replacement(rng, num_rows, k, probs):
     exponential-race trick: index i gets the key E_i / p_i with E_i ~ Exp(1); the k smallest
     keys, in increasing order, are a sequential weighted draw. Returns int64 (num_rows, k).
     """
-    keys = rng.standard_exponential((num_rows, len(probs)), dtype=np.float32)
-    keys /= probs.astype(np.float32)
+    E = rng.standard_exponential((num_rows, len(probs)), dtype=np.float32)
+    with np.errstate(divide="ignore"):     # E_i = 0 gives -inf (first); p_i = 0 gives +inf
+        keys = np.log(E, dtype=np.float64) - np.log(probs)     # log(E_i / p_i), any finite α
     top = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < len(probs) else \
         np.broadcast_to(np.arange(k), (num_rows, k))
     order = np.argsort(np.take_along_axis(keys, top, axis=1), axis=1)
@@ -247,7 +256,8 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
     *target* positions t for next-token prediction from positions < t:
       ar_mask[t]     token t is the value of a bigram whose key is at t-1 for the second
                      time (an AR token: predictable only by recall);
-      filler_mask[t] token t is the filler (the paper's non-AR tokens).
+      filler_mask[t] token t is the filler (the paper's non-AR tokens); position 0 is
+                     marked too when it holds the filler, though nothing predicts it.
     """
     token_ids = torch.as_tensor(token_ids).flatten().unique()
     check_int("num_examples", num_examples, 0, "an integer >= 0")
@@ -287,7 +297,7 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
 # printing and benchmark
 
 def format_example(inputs, labels):
-    """One example as aligned columns: position, input token, label ('.' when ignored)."""
+    """One example as three aligned rows: position, input token, label ('.' when ignored)."""
     rows = [("pos", "input", "label")]
     for t, (x, y) in enumerate(zip(inputs.tolist(), labels.tolist())):
         rows.append((str(t), str(x), "." if y == IGNORE else str(y)))

@@ -184,7 +184,6 @@ def test_random_non_queries_are_uniform_over_the_allowed_tokens():
     keys = x[:, 0:2 * D:2]
     filler = x[:, -1]                        # the last position is never a query (odd)
     assert not (filler[:, None] == keys).any()
-    # condition on one key set to check uniformity over the c - D allowed tokens
     counts = np.bincount(filler.numpy(), minlength=c)
     assert (counts[0] > 0) and (counts[c // 2:] > 0).all()
     # P(token t) = P(t not a key) / (c - D): compute it from the key frequencies
@@ -223,6 +222,7 @@ def test_mqar_neither_reads_nor_changes_global_rng():
     (dict(num_examples=2.5), "num_examples"),
     (dict(power_a=0), "power_a"),
     (dict(power_a=-1.0), "power_a"),
+    (dict(power_a=float("inf")), "power_a"),
     (dict(seed=-3), "seed"),
     (dict(random_non_queries="yes"), "random_non_queries"),
 ])
@@ -1033,7 +1033,7 @@ def test_parse_overrides_types_and_errors():
         train.parse_overrides(["--learning_rate=1e-3"])
     with pytest.raises(ValueError, match="did you mean --lr"):
         train.parse_overrides(["--lrr=1e-3"])
-    with pytest.raises(ValueError, match=r"--n_layers='two'.*int"):
+    with pytest.raises(ValueError, match=r"--n_layers='two'.*an integer"):
         train.parse_overrides(["--n_layers=two"])
     with pytest.raises(ValueError, match=r"--mlp='maybe'"):
         train.parse_overrides(["--mlp=maybe"])
@@ -1041,6 +1041,8 @@ def test_parse_overrides_types_and_errors():
         train.parse_overrides(["--mixer=transformer"])
     with pytest.raises(ValueError, match="seq_len=63"):
         train.parse_overrides(["--seq_len=63"])
+    with pytest.raises(ValueError, match="^seed=-1 "):
+        train.parse_overrides(["--seed=-1"])
     with pytest.raises(ValueError, match="--key=value"):
         train.parse_overrides(["lr=3"])
 
@@ -1138,9 +1140,11 @@ def test_learned_selection_adds_its_aux_loss(tmp_path):
     model(x)
     sel = model.blocks[1].mixer
     assert torch.equal(model.aux_loss(), sel.aux_loss) and sel.aux_loss.item() > 0
-    r = train.train(small_config(mixer="base_conv,selective_attention:top_k=1",
-                                 out_dir=str(tmp_path)))
-    assert r["ended"] == "max_steps"
+    runs = [train.train(small_config(mixer="base_conv,selective_attention:top_k=1",
+                                     aux_loss_weight=w, out_dir=str(tmp_path)))
+            for w in (0.0, 1.0)]
+    assert all(r["ended"] == "max_steps" for r in runs)
+    assert runs[0]["history"][0]["loss"] != runs[1]["history"][0]["loss"], "aux loss is added"
 
 
 def test_model_uses_positions_only_for_attention_by_default():

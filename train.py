@@ -102,8 +102,8 @@ def _parse_value(key, text, kind):
     try:
         return kind(text) if kind is not int else int(text.replace("_", ""))
     except ValueError:
-        raise ValueError(f"--{key}={text!r} is not allowed: {key} must be a "
-                         f"{kind.__name__}") from None
+        what = "an integer" if kind is int else "a number" if kind is float else "text"
+        raise ValueError(f"--{key}={text!r} is not allowed: {key} must be {what}") from None
 
 
 def parse_layers(mixer, n_layers):
@@ -170,7 +170,7 @@ def check_config(config):
     if c.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
-    multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a)  # checks the data args
+    multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
     with torch.random.fork_rng(devices=[]):   # build one of each, so bad options fail here
         for name, kwargs in layers:
             MIXERS[name](c.d_model, c.seq_len, **kwargs)
@@ -443,8 +443,9 @@ def save_record(record, path):
 def bench(config):
     c = config
     device = resolve_device(c.device)
-    torch.manual_seed(c.seed)
-    model = LanguageModel(c).to(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(c.seed)
+        model = LanguageModel(c).to(device)
     optimizer = make_optimizer(model, c)
     inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
                                    c.power_a, seed=c.seed)
@@ -496,6 +497,11 @@ def print_table(records):
 
 
 def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        for f in dataclasses.fields(Config):
+            print(f"  --{f.name}={getattr(Config(), f.name)}")
+        return 0
     bench_mode = "--bench" in argv
     try:
         config = parse_overrides([a for a in argv if a != "--bench"])
@@ -505,7 +511,12 @@ def main(argv):
     if bench_mode:
         bench(config)
         return 0
-    record = train(config)
+    try:
+        record = train(config)
+    except KeyboardInterrupt:
+        print(f"interrupted; record written to {Path(config.out_dir) / run_name(config)}.json",
+              file=sys.stderr)
+        return 130
     print_table([record])
     print(f"record: {Path(config.out_dir) / run_name(config)}.json")
     return 0
