@@ -342,6 +342,7 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("based", dict(chunk_size=5)),
     ("based", dict(feature_dim=4, num_heads=2)),
     ("mamba", dict(chunk_size=5)),
+    ("mamba", dict(chunk_size=8)),           # T=24 = 3 chunks, no padding: the views path
     ("selective_attention", dict(selection="random")),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
@@ -523,24 +524,37 @@ def conv_by_numpy(u, h):
 def test_causal_conv_forms_agree(T, K):
     u = torch.randn(2, T, 5, dtype=torch.float64)
     h = torch.randn(5, K, dtype=torch.float64)
-    ref = mixers.causal_conv_reference(u, h)
+    ref = mixers.causal_conv_direct(u, h)
     assert torch.allclose(ref, conv_by_numpy(u, h), atol=1e-12)
-    for form in (mixers.causal_conv_direct, mixers.causal_conv_fft,
-                 lambda u, h: mixers.causal_conv(u, h, "fast")):
+    for form in (mixers.causal_conv_fft, lambda u, h: mixers.causal_conv(u, h, "fast")):
         assert torch.allclose(form(u, h), ref, atol=1e-12), form
 
 
-def test_causal_conv_fast_path_choice_and_gradients():
-    """Short filters go through conv1d and long ones through the FFT; both differentiate
-    like the reference."""
+def test_causal_conv_fast_path_choice_and_gradients(monkeypatch):
+    """Short filters go through the direct sum and long ones through the FFT; the two
+    differentiate alike, and the direct sum passes gradcheck."""
+    calls = []
+    for name in ("causal_conv_direct", "causal_conv_fft"):
+        form = getattr(mixers, name)
+        monkeypatch.setattr(mixers, name, lambda u, h, form=form, name=name: (
+            calls.append(name), form(u, h))[1])
     u = torch.randn(2, 40, 3, dtype=torch.float64, requires_grad=True)
-    for K in (mixers.SHORT_FILTER, mixers.SHORT_FILTER + 1, 40):
+    gy = torch.randn(2, 40, 3, dtype=torch.float64)
+    for K, expected in ((mixers.SHORT_FILTER, "causal_conv_direct"),
+                        (mixers.SHORT_FILTER + 1, "causal_conv_fft"), (40, "causal_conv_fft")):
         h = torch.randn(3, K, dtype=torch.float64, requires_grad=True)
-        gy = torch.randn(2, 40, 3, dtype=torch.float64)
-        ga = torch.autograd.grad(mixers.causal_conv(u, h, "fast"), [u, h], gy)
-        gb = torch.autograd.grad(mixers.causal_conv(u, h, "reference"), [u, h], gy)
-        for a, b in zip(ga, gb):
+        calls.clear()
+        grads = [torch.autograd.grad(mixers.causal_conv(u, h, impl), [u, h], gy)
+                 for impl in ("fast", "reference")]
+        assert calls == [expected, "causal_conv_direct"]
+        grads.append(torch.autograd.grad(mixers.causal_conv_fft(u, h), [u, h], gy))
+        for a, b in zip(grads[0] + grads[1], grads[2] + grads[2]):
             assert torch.allclose(a, b, atol=1e-10)
+    u, h = u[:1, :9].detach().requires_grad_(), torch.randn(3, 4, dtype=torch.float64,
+                                                            requires_grad=True)
+    assert torch.autograd.gradcheck(mixers.causal_conv_direct, (u, h))
+    with pytest.raises(ValueError, match="impl"):
+        mixers.causal_conv(u, h, "refrence")
 
 
 def test_fft_without_padding_would_wrap_around():
@@ -560,7 +574,7 @@ def test_causal_conv_step_reproduces_the_convolution():
             y_t, past = mixers.causal_conv_step(u[:, t], past, h)
             ys.append(y_t)
             assert past.shape[1] == min(t + 1, K - 1)
-        y = mixers.causal_conv_reference(u, h)
+        y = mixers.causal_conv_direct(u, h)
         assert torch.allclose(torch.stack(ys, 1), y, atol=1e-12)
 
 
@@ -890,6 +904,13 @@ def test_selective_scan_chunked_equals_sequential():
             got = mixers.selective_scan_chunked(x, delta, A, Bm, Cm, D, C)
             assert torch.isfinite(got).all()
             assert torch.allclose(got, y, atol=1e-12, rtol=1e-12)
+    # strided inputs, as Mamba passes them (B_t, C_t are slices of one projection), with
+    # T a multiple of C so that nothing is padded and copied
+    x_t = x.transpose(1, 2).contiguous().transpose(1, 2)
+    _, Bs, Cs = torch.cat([delta, Bm, Cm], -1).split([d, N, N], -1)
+    for C in (5, 6, 10):
+        got = mixers.selective_scan_chunked(x_t, delta, A, Bs, Cs, D, C)
+        assert torch.allclose(got, y, atol=1e-12, rtol=1e-12)
 
 
 def test_selective_scan_is_the_recurrence_of_spec_section_3():
