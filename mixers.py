@@ -1538,8 +1538,10 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for --bench (default 1: steadier timings)")
     args = parser.parse_args()
-    if args.threads < 1:
-        parser.error(f"--threads={args.threads} is not allowed: it must be an integer >= 1")
+    try:
+        check_positive("threads", args.threads)
+    except ValueError as error:
+        parser.error(str(error))
     if args.bench:
         bench(threads=args.threads)
     else:
