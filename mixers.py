@@ -122,29 +122,31 @@ def block_mask(T, block_size, device=None):
     return causal_mask(T, device) & (block[:, None] == block[None, :])
 
 
-def attention_reference(q, k, v, mask=None):
+def attention_reference(q, k, v, mask=None, dropout=0.0):
     """Masked softmax attention, written out: softmax(QKᵀ/√hs + M) V, M = -inf off the mask.
 
     q, k, v: (B, H, T, hs); mask: (T, T) bool, True where query i may attend to key j
-    (None: the causal mask). Materializes the (B, H, T, T) score matrix.
+    (None: the causal mask); dropout: the probability of dropping an attention weight
+    (training only: pass 0 at inference). Materializes the (B, H, T, T) score matrix.
     """
     T, hs = q.shape[-2], q.shape[-1]
     if mask is None:
         mask = causal_mask(T, q.device)
     scores = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(hs)         # (B, H, T, T)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.einsum("bhij,bhjd->bhid", scores.softmax(dim=-1), v)      # (B, H, T, hs)
+    weights = F.dropout(scores.softmax(dim=-1), dropout) if dropout else scores.softmax(-1)
+    return torch.einsum("bhij,bhjd->bhid", weights, v)                      # (B, H, T, hs)
 
 
-def attention_fast(q, k, v, mask=None):
+def attention_fast(q, k, v, mask=None, dropout=0.0):
     """The same function through PyTorch's fused kernel (flash / memory-efficient on GPU).
 
     With a mask the kernel still visits all T² scores: sliding-window and blocked attention
     gain no asymptotic speed here, only the fused implementation.
     """
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
 
 
 ATTENTION_IMPLS = {"fast": attention_fast, "reference": attention_reference}
@@ -153,18 +155,20 @@ ATTENTION_IMPLS = {"fast": attention_fast, "reference": attention_reference}
 class Attention(nn.Module):
     """Multi-head causal self-attention with an output projection.
 
-    The official MQAR configs use 1 head and attention dropout 0.1. We use no dropout, so
-    that `forward` and `step` compute one function; on MQAR a run reaches 0.99 before it
-    has seen its 100,000 training examples once, so there is little to regularise.
+    dropout: the probability of dropping an attention weight in training; the official
+    Figure 2 configs use 0.1 (and 1 head), the default is 0. In eval mode no weight is
+    dropped, so there `forward` and `step` compute one function.
     The state of `step` is the KV cache: 2·t·D numbers after t tokens.
     Subclasses narrow what a token sees by overriding `mask` and `cache_len`.
     """
 
-    def __init__(self, d_model, seq_len, num_heads=1, impl="fast", bias=True):
+    def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True):
         super().__init__()
         check_divides("num_heads", num_heads, d_model)
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout={dropout!r} is not allowed: dropout must be in [0, 1)")
         check_choice("impl", impl, tuple(ATTENTION_IMPLS))
-        self.num_heads, self.impl = num_heads, impl
+        self.num_heads, self.dropout, self.impl = num_heads, dropout, impl
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -185,7 +189,8 @@ class Attention(nn.Module):
     def forward(self, x):
         B, T, D = x.shape
         q, k, v = self._heads(x)
-        y = ATTENTION_IMPLS[self.impl](q, k, v, self.mask(T))                # (B, H, T, hs)
+        dropout = self.dropout if self.training else 0.0
+        y = ATTENTION_IMPLS[self.impl](q, k, v, self.mask(T), dropout)      # (B, H, T, hs)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
 
     def step(self, x_t, state=None):
@@ -215,9 +220,11 @@ class SlidingWindowAttention(Attention):
     state 2·min(t, W-1)·D numbers, constant in t once t >= W-1.
     """
 
-    def __init__(self, d_model, seq_len, window=32, num_heads=1, impl="fast", bias=True):
+    def __init__(self, d_model, seq_len, window=32, num_heads=1, dropout=0.0, impl="fast",
+                 bias=True):
         check_positive("window", window)
-        super().__init__(d_model, seq_len, num_heads=num_heads, impl=impl, bias=bias)
+        super().__init__(d_model, seq_len, num_heads=num_heads, dropout=dropout, impl=impl,
+                         bias=bias)
         self.window = window
 
     def mask(self, T):
@@ -237,9 +244,11 @@ class BlockedAttention(Attention):
     since the next token opens a new block).
     """
 
-    def __init__(self, d_model, seq_len, block_size=32, num_heads=1, impl="fast", bias=True):
+    def __init__(self, d_model, seq_len, block_size=32, num_heads=1, dropout=0.0, impl="fast",
+                 bias=True):
         check_positive("block_size", block_size)
-        super().__init__(d_model, seq_len, num_heads=num_heads, impl=impl, bias=bias)
+        super().__init__(d_model, seq_len, num_heads=num_heads, dropout=dropout, impl=impl,
+                         bias=bias)
         self.block_size = block_size
 
     def mask(self, T):
@@ -320,19 +329,26 @@ def no_history(x_t, width):
 
 
 # ----------------------------------------------------------------------------------------
-# filters: explicit (one parameter per tap) and implicit (Hyena's MLP over positions)
+# filters: explicit (one parameter per tap) and implicit (an MLP over positions)
 
-def positional_features(length, num_bands, dtype=None, device=None):
-    """(length, 1 + 2·num_bands): [t, cos(2π f n/length), sin(2π f n/length)], f = 1..bands.
+def positional_features(length, frequencies, dtype=None, device=None):
+    """(length, 1 + 2F): [t, cos(f·w_n), -sin(f·w_n)] for each of the F frequencies f, the
+    real and imaginary parts of exp(-i f w_n), w_n = 2πn/length; t = n/(length - 1) in [0, 1].
 
-    n is the position and t = n / (length - 1) in [0, 1]: Hyena's input to the filter MLP
-    (Poli et al., 2023, §3.3). Features depend on the filter length, not on the input's T.
+    The input of an implicit filter's MLP (Hyena, Poli et al., 2023, §3.3: "a truncated
+    complex exponential basis"). Features depend on the filter length, not on the input's T.
     """
     n = torch.arange(length, dtype=dtype, device=device)
     t = n / max(length - 1, 1)
-    angle = 2 * math.pi * n[:, None] * torch.arange(1, num_bands + 1, dtype=dtype,
-                                                    device=device) / length
-    return torch.cat([t[:, None], angle.cos(), angle.sin()], dim=-1)
+    angle = n[:, None] * 2 * math.pi / length * torch.as_tensor(frequencies, dtype=dtype,
+                                                                device=device)
+    return torch.cat([t[:, None], angle.cos(), -angle.sin()], dim=-1)
+
+
+# The official code's features (zoology/mixers/hyena.py and convolution.py, PositionalEmbedding
+# with emb_dim=3): one band, at frequency linspace(1e-4, bands - 1, bands) = 1e-4. So its MLPs
+# see t and two near-constants (cos ≈ 1, -sin ≈ -0.0006·n/length): in effect t alone.
+OFFICIAL_FREQUENCIES = (1e-4,)
 
 
 def exponential_decay(length, channels, fast=0.3, slow=1.5, target=1e-2, dtype=None,
@@ -363,28 +379,68 @@ class ExplicitFilter(nn.Module):
 
 
 class ImplicitFilter(nn.Module):
-    """h[c, n] = MLP(z(n))[c] · exp(-α_c t_n), Hyena's implicit filter (Poli et al. 2023, §3.3).
+    """h[c, n] = MLP(z_n)[c] · exp(-α_c t_n): Hyena's implicit filter (Poli et al. 2023, §3.3).
 
-    Parameters do not grow with the length. Simplifications against the official code:
-    the sine activations have a fixed frequency 1 (the official one learns it), and the
-    filter has no per-channel skip term ("bias" in Hyena, `+ u` in Zoology's fft_conv).
+    An MLP with sine activations maps the positional features z_n (positional_features) to
+    one value per channel, and an exponential decay window (exponential_decay) fades it.
+    Parameters do not grow with the length.
+    form="paper" (default): the features at frequencies 1..4, hidden width 32, one inner
+      layer, sin(x).
+    form="official": Zoology's hyena.Filter as Figure 2's Hyena ran it (emb_dim=3,
+      order=64, num_inner_mlps=2, w=1): the official features (OFFICIAL_FREQUENCIES), which
+      are a parameter there, hidden width 64, two inner layers, and sin(a ⊙ x) with one
+      learned frequency vector a (starting at 1) shared by its three activations.
+    `keeps_own_init`: a model's default initialisation leaves the MLP as PyTorch draws it,
+    so that the filter starts non-trivial (the official init re-draws it at N(0, 0.02)).
     """
 
-    def __init__(self, channels, length, hidden=32, num_bands=4):
+    keeps_own_init = True
+
+    def __init__(self, channels, length, form="paper"):
         super().__init__()
-        self.channels, self.length, self.num_bands = channels, length, num_bands
-        self.fc1 = nn.Linear(1 + 2 * num_bands, hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.fc3 = nn.Linear(hidden, channels, bias=False)
+        check_choice("form", form, ("paper", "official"))
+        official = form == "official"
+        frequencies = OFFICIAL_FREQUENCIES if official else (1.0, 2.0, 3.0, 4.0)
+        hidden, inner = (64, 2) if official else (32, 1)
+        z = positional_features(length, frequencies)                         # (K, 1+2F)
+        if official:
+            self.z = nn.Parameter(z)
+            self.frequency = nn.Parameter(torch.ones(hidden))
+        else:
+            self.register_buffer("z", z)
+            self.frequency = 1.0
+        self.layers = nn.ModuleList([nn.Linear(z.shape[1], hidden)] +
+                                    [nn.Linear(hidden, hidden) for _ in range(inner)])
+        self.out = nn.Linear(hidden, channels, bias=False)
+        self.register_buffer("decay", exponential_decay(length, channels))  # (channels, K)
 
     def forward(self):
-        like = dict(dtype=self.fc1.weight.dtype, device=self.fc1.weight.device)
-        z = positional_features(self.length, self.num_bands, **like)         # (K, 1+2·bands)
-        a = torch.sin(self.fc2(torch.sin(self.fc1(z))))                      # (K, hidden)
-        return self.fc3(a).T * exponential_decay(self.length, self.channels, **like)
+        a = self.z
+        for layer in self.layers:
+            a = torch.sin(self.frequency * layer(a))                         # (K, hidden)
+        return self.out(a).T * self.decay                                    # (channels, K)
 
 
-FILTERS = {"explicit": ExplicitFilter, "implicit": ImplicitFilter}
+class MLPFilter(nn.Module):
+    """h[c, n] = MLP(z_n)[c], a ReLU MLP over the official positional features, no decay:
+    Zoology's ImplicitLongConvolution (zoology/mixers/convolution.py, d_emb=3, d_hidden=16),
+    the long filter of the official BaseConv that Figure 2 trained. Nothing fades its far
+    taps, unlike ImplicitFilter's decay window; its features are fixed.
+    """
+
+    keeps_own_init = True
+
+    def __init__(self, channels, length, hidden=16):
+        super().__init__()
+        self.register_buffer("z", positional_features(length, OFFICIAL_FREQUENCIES))
+        self.fc1 = nn.Linear(self.z.shape[1], hidden)
+        self.fc2 = nn.Linear(hidden, channels)
+
+    def forward(self):
+        return self.fc2(F.relu(self.fc1(self.z))).T                          # (channels, K)
+
+
+FILTERS = {"explicit": ExplicitFilter, "implicit": ImplicitFilter, "mlp": MLPFilter}
 
 
 # ----------------------------------------------------------------------------------------
@@ -453,25 +509,36 @@ def base_conv(u, W, b1, h, b2, impl="fast"):
     return (u @ W + b1) * (causal_conv(u, h, impl) + b2)                     # (B, T, D)
 
 
-class BaseConv(nn.Module):
-    """BaseConv, in the official code's form (default) or the paper's (Section 4).
+def conv1d_init_(*tensors, fan_in):
+    """Draw tensors from U(-1/√fan_in, 1/√fan_in): PyTorch's default initialisation of an
+    nn.Conv1d's weight and bias (kaiming_uniform_ with a=√5), which the official code keeps
+    for its short convolutions."""
+    bound = 1 / math.sqrt(fan_in)
+    with torch.no_grad():
+        for t in tensors:
+            t.uniform_(-bound, bound)
 
-    form="official": y = (h ∗ u) ⊙ (u·W + b) + u, as Zoology's BaseConv; that is what
-      Figure 2's BaseConv numbers were trained with, and the residual `+ u` helps training.
-      The default, so that a run here is comparable with Figure 2.
-    form="paper": y = (u·W + b1) ⊙ (h ∗ u + b2) with position-dependent b1, b2 (T, D) and
-      no residual; the layer the theory (appendix H) composes. Its biases need the position
-      of each token, so `step` carries it (one number) and inputs are limited to seq_len.
+
+class BaseConv(nn.Module):
+    """BaseConv, in the paper's form (default) or the official code's (Figure 2's).
+
+    form="paper": y = (u·W + b1) ⊙ (h ∗ u + b2) (Section 4), with position-dependent biases
+      b1, b2 (T, D) and no residual: the layer appendix H composes. Its biases need the
+      position of each token, so `step` carries it (one number) and inputs are limited to
+      seq_len. The filter is explicit, h (D, K), as in the definition.
+    form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure 2's
+      BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u. For a short filter
+      (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a per-channel bias, both
+      drawn as PyTorch draws a Conv1d. For a long one conv(u) = h ∗ u + u (its fft_conv adds
+      u), with h the ReLU MLP of ImplicitLongConvolution (MLPFilter), no decay window.
     kernel_size: None (or seq_len) for a filter as long as the sequence, 3 for a short one.
-      The official configs alternate the two over layers.
-    filter: None picks what the official code uses, "implicit" (Hyena-style) for a long
-      filter and "explicit" for a short one; pass "explicit" to set h by hand (theory).
-    Deviation: the official implicit long convolution also adds u to h ∗ u (tap 0 + 1) and
-      the official short one a per-channel bias; neither is here.
+      Figure 2 stacks a short and a long layer (configs.py: kernel_size [3, -1, 3, -1]).
+    filter: None picks the form's filter ("explicit" in the paper form and for a short
+      official filter, "mlp" for a long official one); any key of FILTERS may be given.
     `step` keeps the last K-1 inputs: min(t, K-1)·D numbers (+1 for the position, paper form).
     """
 
-    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, form="official",
+    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, form="paper",
                  impl="fast"):
         super().__init__()
         check_positive("seq_len", seq_len)
@@ -479,10 +546,11 @@ class BaseConv(nn.Module):
             check_positive("kernel_size", kernel_size,
                            "an integer >= 1, or None for a filter of seq_len taps")
         kernel_size = seq_len if kernel_size is None else kernel_size
+        check_choice("form", form, ("paper", "official"))
+        self.long = kernel_size >= seq_len
         if filter is None:
-            filter = "implicit" if kernel_size >= seq_len else "explicit"
+            filter = "mlp" if form == "official" and self.long else "explicit"
         check_choice("filter", filter, tuple(FILTERS))
-        check_choice("form", form, ("official", "paper"))
         check_choice("impl", impl, IMPLS)
         self.seq_len, self.kernel_size, self.form, self.impl = seq_len, kernel_size, form, impl
         self.proj = nn.Linear(d_model, d_model, bias=form == "official")
@@ -490,19 +558,27 @@ class BaseConv(nn.Module):
         if form == "paper":
             self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
             self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
+        elif not self.long:
+            self.conv_bias = nn.Parameter(torch.empty(d_model))
+            if filter == "explicit":
+                conv1d_init_(self.filter.h, self.conv_bias, fan_in=kernel_size)
 
     def _check_length(self, T):
         if self.form == "paper" and T > self.seq_len:
             raise ValueError(f"sequence length T={T} is not allowed: form='paper' has one "
                              f"bias row per position, so T must be <= seq_len={self.seq_len}")
 
+    def _official(self, u, conv, gate):
+        """y = conv(u) ⊙ gate + u, conv(u) = h ∗ u plus u (long) or a bias (short)."""
+        return (conv + (u if self.long else self.conv_bias)) * gate + u
+
     def forward(self, x):
         B, T, D = x.shape
-        W, h = self.proj.weight.T, self.filter()
+        h = self.filter()                                                    # (D, K)
         if self.form == "official":
-            return base_conv(x, W, self.proj.bias, h, 0.0, self.impl) + x
+            return self._official(x, causal_conv(x, h, self.impl), self.proj(x))
         self._check_length(T)
-        return base_conv(x, W, self.b1[:T], h, self.b2[:T], self.impl)
+        return base_conv(x, self.proj.weight.T, self.b1[:T], h, self.b2[:T], self.impl)
 
     def step(self, x_t, state=None):
         B, D = x_t.shape
@@ -511,7 +587,7 @@ class BaseConv(nn.Module):
         conv_t, past = causal_conv_step(x_t, state[0], self.filter())
         gate_t = self.proj(x_t)                                              # (B, D)
         if self.form == "official":
-            return conv_t * gate_t + x_t, (past,)
+            return self._official(x_t, conv_t, gate_t), (past,)
         position = state[1]                                                  # (B, 1)
         t = int(position[0])
         self._check_length(t + 1)
@@ -536,47 +612,83 @@ def hyena_operator(ps, v, hs, impl="fast"):
     return z
 
 
+def hyena_official_operator(x1, x2, v, h, bias, impl="fast"):
+    """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
+    convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
+
+    x1, x2, v: (B, T, D); h: (D, K); bias: (D,), the fftconv's per-channel skip term.
+    """
+    z = x1 * v                                                               # pre-gate
+    return x2 * (causal_conv(z, h, impl) + bias * z)
+
+
 class Hyena(nn.Module):
     """Hyena of order L (appendix H.2.1, Algorithm 3; Poli et al., 2023).
 
-    A linear layer to (L+1)·D channels and a short explicit convolution give p^1..p^L and
-    v; L gated long convolutions with implicit filters h^ℓ; an output projection.
-    Deviation: we follow Algorithm 3. The official code (Zoology's hyena.py) runs one long
-    convolution gated before and after, y = p^2 ⊙ (h ∗ (p^1 ⊙ v) + bias ⊙ p^1 ⊙ v); its
-    "order" counts projections, Algorithm 3's L counts convolutions.
-    `step` keeps the last K_short-1 projected inputs and each iterate's history:
-    min(t, K_short-1)·(L+1)·D + L·min(t, seq_len-1)·D numbers.
+    form="paper" (default): Algorithm 3. A linear layer to (L+1)·D channels and a short
+      explicit convolution give p^1..p^L and v; L gated long convolutions with implicit
+      filters h^ℓ (ImplicitFilter); an output projection.
+    form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
+      short_filter_order=3): the same in_proj and short convolution (an nn.Conv1d, so with
+      a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
+      convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
+      bias ~ N(0, 1) per channel and h the official filter (ImplicitFilter form="official").
+      Its "order 2" counts the gates; Algorithm 3's L counts convolutions. Only order=2.
+    `step` keeps the last K_short-1 projected inputs and the history of each long
+    convolution's input: min(t, K_short-1)·(L+1)·D + L·min(t, seq_len-1)·D numbers, with
+    L = 1 in the official form.
     """
 
-    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
+    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, form="paper",
+                 impl="fast"):
         super().__init__()
         check_positive("seq_len", seq_len)
         check_positive("order", order)
         check_positive("short_kernel_size", short_kernel_size)
+        check_choice("form", form, ("paper", "official"))
         check_choice("impl", impl, IMPLS)
+        if form == "official" and order != 2:
+            raise ValueError(f"order={order} is not allowed with form='official': the "
+                             "official operator has order 2 (two gates, one convolution)")
         self.d_model, self.seq_len, self.order, self.impl = d_model, seq_len, order, impl
-        self.short_kernel_size = short_kernel_size
+        self.form, self.short_kernel_size = form, short_kernel_size
+        self.n_long = 1 if form == "official" else order                     # long convolutions
         self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
         self.short_filter = ExplicitFilter((order + 1) * d_model, short_kernel_size)
-        self.long_filter = ImplicitFilter(order * d_model, seq_len)
+        self.long_filter = ImplicitFilter(self.n_long * d_model, seq_len, form=form)
+        if form == "official":
+            self.short_bias = nn.Parameter(torch.empty((order + 1) * d_model))
+            conv1d_init_(self.short_filter.h, self.short_bias, fan_in=short_kernel_size)
+            self.bias = nn.Parameter(torch.randn(d_model))
         self.out_proj = nn.Linear(d_model, d_model)
+
+    def _short(self, u):
+        return u + self.short_bias if self.form == "official" else u
 
     def forward(self, x):
         B, T, D = x.shape
-        u = causal_conv(self.in_proj(x), self.short_filter(), self.impl)    # (B, T, (L+1)·D)
-        *ps, v = u.split(D, dim=-1)
-        hs = self.long_filter().split(D, dim=0)                              # L × (D, seq_len)
+        u = self._short(causal_conv(self.in_proj(x), self.short_filter(), self.impl))
+        *ps, v = u.split(D, dim=-1)                                          # (B, T, D) each
+        hs = self.long_filter().split(D, dim=0)                              # (D, seq_len) each
+        if self.form == "official":
+            return self.out_proj(hyena_official_operator(*ps, v, hs[0], self.bias, self.impl))
         return self.out_proj(hyena_operator(ps, v, hs, self.impl))
 
     def step(self, x_t, state=None):
         B, D = x_t.shape
         if state is None:
             state = (no_history(x_t, (self.order + 1) * D),
-                     *(no_history(x_t, D) for _ in range(self.order)))
+                     *(no_history(x_t, D) for _ in range(self.n_long)))
         u_t, short_past = causal_conv_step(self.in_proj(x_t), state[0], self.short_filter())
-        *ps, z = u_t.split(D, dim=-1)
+        *ps, z = self._short(u_t).split(D, dim=-1)
+        hs = self.long_filter().split(D, dim=0)
+        if self.form == "official":
+            x1, x2 = ps
+            z = x1 * z                                                       # pre-gate
+            conv_t, past = causal_conv_step(z, state[1], hs[0])
+            return self.out_proj(x2 * (conv_t + self.bias * z)), (short_past, past)
         pasts = []
-        for p, h, past in zip(ps, self.long_filter().split(D, dim=0), state[1:]):
+        for p, h, past in zip(ps, hs, state[1:]):
             conv_t, past = causal_conv_step(z, past, h)
             z = p * conv_t                                                   # (B, D)
             pasts.append(past)
@@ -585,16 +697,30 @@ class Hyena(nn.Module):
     def state_size(self, t):
         D, L = self.d_model, self.order
         return (min(t, self.short_kernel_size - 1) * (L + 1) * D
-                + L * min(t, self.seq_len - 1) * D)
+                + self.n_long * min(t, self.seq_len - 1) * D)
 
 
 # ----------------------------------------------------------------------------------------
 # H3: a shift SSM and a diagonal SSM (Fu et al., 2023a; S4D, Gu et al., 2022)
 
-def ssm_discretize(log_dt, A):
-    """Zero-order hold, B = 1: Ā = exp(ΔA), B̄ = (exp(ΔA) - 1) / A, each (D, n) complex."""
-    dtA = log_dt.exp()[:, None] * A
-    return dtA.exp(), (dtA.exp() - 1) / A
+SSM_DISCRETIZATIONS = ("zoh", "bilinear")
+
+
+def ssm_discretize(log_dt, A, method="zoh"):
+    """The discrete SSM of x' = A x + B u with step Δ = exp(log_dt) and B = 1: (log Ā, B̄),
+    each (D, n) complex (returning log Ā lets the kernel raise Ā to any power by exp).
+
+    zoh       Ā = exp(ΔA),                   B̄ = (exp(ΔA) - 1) / A   (zero-order hold,
+              S4D's default)
+    bilinear  Ā = (1 + ΔA/2) / (1 - ΔA/2),   B̄ = Δ / (1 - ΔA/2)     (the official H3
+              kernel's, SSKernelDiag's default disc="bilinear")
+    """
+    check_choice("discretization", method, SSM_DISCRETIZATIONS)
+    dt = log_dt.exp()[:, None]
+    dtA = dt * A                                                             # (D, n)
+    if method == "zoh":
+        return dtA, (dtA.exp() - 1) / A
+    return torch.log((1 + dtA / 2) / (1 - dtA / 2)), dt / (1 - dtA / 2)
 
 
 def exp_complex(z):
@@ -603,31 +729,30 @@ def exp_complex(z):
     return torch.polar(z.real.exp(), z.imag)
 
 
-def diagonal_ssm_kernel(log_dt, A, C, T):
+def diagonal_ssm_kernel(log_dt, A, C, T, discretization="zoh"):
     """The SSM's convolution kernel K[d, ℓ] = 2·Re Σ_n C[d, n] B̄[d, n] Ā[d, n]^ℓ, ℓ < T.
 
     log_dt: (D,) real; A, C: (D, n) complex, n = d_state/2 modes whose conjugates make the
     state real (hence 2·Re); S4D's kernel.
-    Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·ΔA)·exp(j·ΔA): two (D, n, m) tables of
-    exponentials and a batched matmul, instead of D·n·T complex exponentials (which cost
-    more than the convolution they feed).
+    Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·log Ā)·exp(j·log Ā): two (D, n, m)
+    tables of exponentials and a batched matmul, instead of D·n·T complex exponentials
+    (which cost more than the convolution they feed).
     """
-    _, dB = ssm_discretize(log_dt, A)
-    dtA = log_dt.exp()[:, None] * A                                          # (D, n)
+    log_dA, dB = ssm_discretize(log_dt, A, discretization)                   # (D, n)
     m = math.isqrt(T - 1) + 1
     j = torch.arange(m, dtype=log_dt.dtype, device=log_dt.device)
-    coarse, fine = exp_complex(dtA[..., None] * (m * j)), exp_complex(dtA[..., None] * j)
+    coarse, fine = exp_complex(log_dA[..., None] * (m * j)), exp_complex(log_dA[..., None] * j)
     K = torch.einsum("dn,dni,dnj->dij", C * dB, coarse, fine)               # (D, m, m)
     return 2 * K.real.flatten(1)[:, :T]                                      # (D, T)
 
 
-def diagonal_ssm_step(u_t, x, log_dt, A, C):
+def diagonal_ssm_step(u_t, x, log_dt, A, C, discretization="zoh"):
     """One step of the recurrence: x_t = Ā x_{t-1} + B̄ u_t, y_t = 2·Re Σ_n C_n x_t[n].
 
     u_t: (B, D) real, x: (B, D, n) complex. Its impulse response is diagonal_ssm_kernel.
     """
-    dA, dB = ssm_discretize(log_dt, A)
-    x = dA * x + dB * u_t[..., None]                                         # (B, D, n)
+    log_dA, dB = ssm_discretize(log_dt, A, discretization)
+    x = exp_complex(log_dA) * x + dB * u_t[..., None]                        # (B, D, n)
     return 2 * (C * x).sum(-1).real, x
 
 
@@ -641,35 +766,51 @@ def shift_ssm_step(u_t, x, h):
 
 
 class H3(nn.Module):
-    """H3 (Fu et al., 2023a): y = W_o (q ⊙ SSM_diag(SSM_shift(k) ⊙ v)), SPEC §3.
+    """H3 (Fu et al., 2023a): y = W_o (q ⊙ SSM_diag(SSM_shift(k) ⊙ v)).
 
     Per head of head_dim channels the product is an outer product, k_i v_j, and the output
-    y_j = Σ_i q_i · SSM_diag(k ⊗ v)_{ij}; head_dim=1 (default, as the official code) is
-    the elementwise q ⊙ SSM(k ⊙ v). One diagonal SSM per head, shared by its head_dim²
-    channels, with a skip term D (as S4D).
+    y_j = Σ_i q_i · SSM_diag(k ⊗ v)_{ij}; head_dim=1 (default) is the elementwise
+    q ⊙ SSM(k ⊙ v). One diagonal SSM per head, shared by its head_dim² channels, with a
+    skip term D (as S4D).
     Shift SSM: A is the shift matrix and B = e_0, so its kernel is its C vector, a learned
-    filter of shift_size taps (default d_state, as the official code, which uses one state
-    size for both SSMs); its skip term D is folded into tap 0.
+    filter of shift_size taps (default d_state: the official code uses one state size for
+    both SSMs); its skip term is folded into tap 0.
     Diagonal SSM: S4D-Lin init, A_n = -1/2 + iπn, Δ log-uniform in [1e-3, 1e-1], C normal;
     d_state real numbers per channel (d_state/2 complex modes and their conjugates).
+    form="paper" (default): zero-order-hold discretization (S4D's), shift taps N(0, 1/n).
+    form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with
+      d_state=N and head_dim=2 (configs.py; set those two as options): the bilinear
+      discretization of its SSKernelDiag, shift taps drawn as its SSKernelShift draws C
+      (U(±1/√n)) plus its skip ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official
+      kernels also train B (the shift SSM's, starting at e_0, and the diagonal SSM's,
+      starting at 1), which only reparametrises the same kernels; its output channels come
+      in (j, head) order, a permutation that the output projection absorbs.
     Fast form: the SSM's kernel through the FFT convolution; reference: the direct sum.
     `step` runs both SSMs as recurrences: the state is the shift SSM's D·shift_size numbers
     and the diagonal SSM's (D/head_dim)·head_dim²·d_state, independent of t.
     """
 
+    rescale_out_proj = False   # the official output_linear escapes its _init_weights' rescale
+
     def __init__(self, d_model, seq_len, d_state=64, head_dim=1, shift_size=None,
-                 impl="fast"):
+                 form="paper", impl="fast"):
         super().__init__()
         check_even("d_state", d_state)
         check_divides("head_dim", head_dim, d_model)
         shift_size = d_state if shift_size is None else shift_size
         check_positive("shift_size", shift_size, "an integer >= 1, or None for d_state")
+        check_choice("form", form, ("paper", "official"))
         check_choice("impl", impl, IMPLS)
         H, n = d_model // head_dim, d_state // 2
         self.d_state, self.head_dim, self.shift_size = d_state, head_dim, shift_size
-        self.impl = impl
+        self.form, self.impl = form, impl
+        self.discretization = "bilinear" if form == "official" else "zoh"
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.shift_filter = ExplicitFilter(d_model, shift_size)
+        if form == "official":
+            conv1d_init_(self.shift_filter.h, fan_in=shift_size)
+            with torch.no_grad():
+                self.shift_filter.h[:, 0] += torch.randn(d_model)
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
         self.log_neg_A_re = nn.Parameter(torch.full((H, n), math.log(0.5)))
         self.A_im = nn.Parameter(math.pi * torch.arange(n).float().repeat(H, 1))
@@ -704,7 +845,8 @@ class H3(nn.Module):
         k = causal_conv(k, self.shift_filter(), self.impl)
         kv = self._outer(k, v)                                               # (B, T, H·hd²)
         log_dt, A, C, skip = self._ssm()
-        s = causal_conv(kv, diagonal_ssm_kernel(log_dt, A, C, T), self.impl) + skip * kv
+        K = diagonal_ssm_kernel(log_dt, A, C, T, self.discretization)        # (H·hd², T)
+        s = causal_conv(kv, K, self.impl) + skip * kv
         return self.out_proj(self._gate(q, s))
 
     def step(self, x_t, state=None):
@@ -718,7 +860,7 @@ class H3(nn.Module):
         q, k, v = self.qkv(x_t).split(D, dim=-1)                             # (B, D)
         k, shift_x = shift_ssm_step(k, shift_x, self.shift_filter())
         kv = self._outer(k, v)                                               # (B, H·hd²)
-        s, ssm_x = diagonal_ssm_step(kv, ssm_x, log_dt, A, C)
+        s, ssm_x = diagonal_ssm_step(kv, ssm_x, log_dt, A, C, self.discretization)
         y_t = self.out_proj(self._gate(q, s + skip * kv))
         return y_t, (shift_x, torch.view_as_real(ssm_x))
 
@@ -852,25 +994,50 @@ WKV_IMPLS = {"fast": wkv_chunked, "reference": wkv_reference}
 
 
 class RWKV(nn.Module):
-    """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (SPEC §3).
+    """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (Peng et al., 2023).
 
     x'_t = μ ⊙ x_t + (1-μ) ⊙ x_{t-1} with one μ each for r, k, v (x_{-1} = 0);
     out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel.
-    Simplifications: one initialisation for all layers (RWKV ramps decay and mix with the
-    layer index); no channel-mixing block (the blocks of train.py hold the MLP, if any).
+    form="paper" (default): one initialisation for every layer, the layer-0 values of
+      RWKV-4's ramps over the channels i: w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i,
+      r_i = i/(D-1).
+    form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
+      with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
+      official default n_layer = 12 (Figure 2's configs do not pass it),
+      w_log = -5 + 8·(i/(D-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
+      μ_k = (i/D)^b, μ_v = (i/D)^b + 0.3a, μ_r = (i/D)^(b/2). Deviation: the official CUDA
+      kernel returns wkv in bfloat16; ours stays in the input's precision.
+    No channel-mixing block (the blocks of train.py hold the MLP, if any).
     State of `step`: (a, b, p) of wkv and the previous input: 4·D numbers at every t.
     """
 
-    def __init__(self, d_model, seq_len, impl="fast", chunk_size=64):
+    rescale_out_proj = False   # the official layer is named `output`: no rescale
+
+    def __init__(self, d_model, seq_len, form="paper", layer_idx=0, impl="fast",
+                 chunk_size=64):
         super().__init__()
+        check_choice("form", form, ("paper", "official"))
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx={layer_idx!r} is not allowed: layer_idx must be an "
+                             "integer >= 0")
         check_choice("impl", impl, tuple(WKV_IMPLS))
         check_positive("chunk_size", chunk_size)
         D = d_model
         self.impl, self.chunk_size = impl, chunk_size
-        ramp = torch.arange(D) / max(D - 1, 1)
-        self.w_log = nn.Parameter(-5 + 8 * ramp ** 0.7)      # RWKV-4's decay range e^-5..e^3
-        self.u = nn.Parameter(torch.full((D,), math.log(0.3)))
-        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(ramp.clone()) for _ in range(3))
+        i = torch.arange(D, dtype=torch.float32)
+        ramp = i / max(D - 1, 1)
+        if form == "official":
+            n_layer = 12
+            a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
+            w_log = -5 + 8 * ramp ** (0.7 + 1.3 * a)
+            u = math.log(0.3) + 0.5 * ((i + 1) % 3 - 1)
+            mix_r, mix_k, mix_v = (i / D) ** (0.5 * b), (i / D) ** b, (i / D) ** b + 0.3 * a
+        else:
+            w_log, u = -5 + 8 * ramp ** 0.7, torch.full((D,), math.log(0.3))
+            mix_r, mix_k, mix_v = ramp, ramp, ramp
+        self.w_log, self.u = nn.Parameter(w_log), nn.Parameter(u)
+        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(m.clone())
+                                              for m in (mix_r, mix_k, mix_v))
         self.receptance, self.key, self.value, self.out_proj = (
             nn.Linear(D, D, bias=False) for _ in range(4))
 
@@ -1138,8 +1305,14 @@ class Based(nn.Module):
     The Based layer itself has no convolution: the Based *model* interleaves it with short
     convolution (BaseConv) layers and small sliding-window attention layers, which train.py
     expresses as a per-layer list of mixers, not inside this class.
+    Figure 2's Based model (configs.py) alternates a short official BaseConv with this layer
+    at feature_dim=8, one head; the official layer (zoology/mixers/based.py, train_view
+    "quadratic": our "parallel" form) adds 1e-12 to the denominator, which needs none here:
+    the kernel 1 + s + s²/2 is at least 1/2.
     State of `step`: S (F, D/H) and z (F,) per head, F = 1 + d' + d'²: H·F·(D/H + 1) numbers.
     """
+
+    rescale_out_proj = False   # the official layer is named proj_o: no rescale
 
     def __init__(self, d_model, seq_len, feature_dim=16, num_heads=1, impl="fast",
                  chunk_size=64):
@@ -1266,13 +1439,20 @@ SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequen
 class Mamba(nn.Module):
     """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
     input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
-    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈D/16⌉,
-    A initialised S4D-real (A[:, n] = -(n+1)), Δ initialised log-uniform in [1e-3, 1e-1].
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈D/16⌉.
 
-    dt_bias is a separate parameter, not the bias of dt_proj, so that train.py's
-    "biases 0" initialisation does not undo Δ's initialisation.
+    Initialised as Mamba initialises itself (Gu & Dao's mamba_simple.py, which the official
+    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), D = 1, Δ log-uniform in
+    [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight U(±dt_rank^-1/2), the
+    conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as PyTorch draws an
+    nn.Linear. `keeps_own_init`: a model's initialisation leaves all of it alone, as the
+    official model does (its MambaBlock branch only rescales out_proj; train.init_weights).
+    dt_bias is a separate parameter rather than dt_proj's bias (the official code marks
+    that bias `_no_reinit` for the same reason).
     State of `step`: h (d_inner, N) and the last d_conv - 1 conv inputs: d_inner·(N + d_conv - 1).
     """
+
+    keeps_own_init = True
 
     def __init__(self, d_model, seq_len, d_state=16, expand=2, d_conv=4, dt_rank=None,
                  impl="fast", chunk_size=64):
@@ -1285,10 +1465,12 @@ class Mamba(nn.Module):
         d_inner = expand * d_model
         self.impl, self.chunk_size, self.d_state = impl, chunk_size, d_state
         self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=False)
-        self.conv_weight = nn.Parameter(torch.randn(d_inner, d_conv) / math.sqrt(d_conv))
-        self.conv_bias = nn.Parameter(torch.zeros(d_inner))
+        self.conv_weight = nn.Parameter(torch.empty(d_inner, d_conv))
+        self.conv_bias = nn.Parameter(torch.empty(d_inner))
+        conv1d_init_(self.conv_weight, self.conv_bias, fan_in=d_conv)
         self.x_proj = nn.Linear(d_inner, dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(dt_rank, d_inner, bias=False)
+        nn.init.uniform_(self.dt_proj.weight, -dt_rank ** -0.5, dt_rank ** -0.5)
         dt = torch.exp(torch.rand(d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0)).repeat(d_inner, 1))
@@ -1337,7 +1519,7 @@ class Mamba(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
-# Selective attention (Section 5; SPEC §3)
+# Selective attention (Section 5)
 #
 # y[i] = f(u)[i] · W_o softmax(q_i Kᵀ/√hs) V        f(u) ∈ {0, 1}^T chooses the rows
 #   programmatic  f[i] = 1 iff token u_i appeared at some position j < i
@@ -1363,6 +1545,12 @@ def selection_aux_loss(f, k):
     return torch.relu(f.sum(-1) - k).mean() / f.shape[-1]
 
 
+def official_selection_aux_loss(f, k):
+    """max(0, mean(f) - k/N), the mean over batch and positions: the official
+    SigmoidLookups' penalty (before its weight). f (B, N)."""
+    return torch.relu(f.mean() - k / f.shape[-1])
+
+
 def top_k_rows(scores, k):
     """The paper's inference rule: keep the k highest-scoring rows of the WHOLE sequence.
 
@@ -1376,12 +1564,18 @@ class SelectiveAttention(nn.Module):
     """Attention whose output rows are kept only where f(u)[i] = 1 (Section 5).
 
     selection="learned" (default) gates with σ(u w + b). In training the gate is soft (the
-    row is multiplied by σ) and `self.aux_loss` holds (1/N)·max(0, Σ σ - top_k) for the
-    training loop to add. At inference the row is kept iff σ > 0.5 (inference="threshold",
-    the default): causal, so step == forward. inference="topk" is the paper's rule, the
-    top_k rows of the whole sequence; it is NOT causal (a row's fate depends on later
-    scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row on, as attention)
-    and is a separate parameter so train.py's "biases 0" initialisation leaves it alone.
+    row is multiplied by σ) and `self.aux_loss` holds aux_weight·(1/N)·max(0, Σ σ - top_k)
+    for the training loop to add. At inference the row is kept iff σ > 0.5
+    (inference="threshold", the default): causal, so step == forward. inference="topk" is
+    the paper's rule, the top_k rows of the whole sequence; it is NOT causal (a row's fate
+    depends on later scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row
+    on, as attention) and is a separate parameter so a model's "biases 0" initialisation
+    leaves it alone. top_k defaults to N/4, aux_weight to 1.
+    form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), learned
+    selection only: f = σ(u w) without a bias, y = f ⊙ attention(u) + u (the input passes
+    through every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions
+    with aux_weight 0.001 and k = √N (its defaults), and at inference (inference="topk",
+    its rule) the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u.
     selection="programmatic" needs the token ids: `forward(x, tokens)` and
     `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
     pass them (other mixers take x only). selection="random" keeps a seed-fixed subset of
@@ -1392,26 +1586,50 @@ class SelectiveAttention(nn.Module):
     takes_tokens = True
 
     def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,
-                 inference="threshold", seed=0, impl="fast"):
+                 inference=None, aux_weight=None, form="paper", seed=0, impl="fast"):
         super().__init__()
         check_choice("selection", selection, ("learned", "programmatic", "random"))
+        check_choice("form", form, ("paper", "official"))
+        official = form == "official"
+        if official and selection != "learned":
+            raise ValueError(f"selection={selection!r} is not allowed with form='official': "
+                             "the official SigmoidLookups is the learned selection")
+        inference = ("topk" if official else "threshold") if inference is None else inference
         check_choice("inference", inference, ("threshold", "topk"))
-        top_k = max(1, seq_len // 4) if top_k is None else top_k
-        check_positive("top_k", top_k)
-        self.selection, self.inference, self.top_k = selection, inference, top_k
+        if top_k is not None:
+            check_positive("top_k", top_k)
+        aux_weight = (0.001 if official else 1.0) if aux_weight is None else aux_weight
+        if not aux_weight >= 0:
+            raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
+        self.selection, self.inference, self.form = selection, inference, form
+        self.top_k, self.aux_weight = top_k, aux_weight
         self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
         if selection == "learned":     # the other rules have no parameters of their own
-            self.gate = nn.Parameter(torch.zeros(d_model))
-            self.gate_bias = nn.Parameter(torch.tensor(2.0))
+            # the official gate is an nn.Linear(D, 1, bias=False), which its init draws
+            # from N(0, 0.02)
+            self.gate = nn.Parameter(0.02 * torch.randn(d_model) if official
+                                     else torch.zeros(d_model))
+            if not official:
+                self.gate_bias = nn.Parameter(torch.tensor(2.0))
         g = torch.Generator().manual_seed(seed)
-        self.register_buffer("random_rows", torch.rand(seq_len, generator=g) < top_k / seq_len)
+        self.register_buffer("random_rows",
+                             torch.rand(seq_len, generator=g) < self._k(seq_len) / seq_len)
         self.aux_loss = None
 
+    def _k(self, T):
+        """The row budget for a sequence of T: top_k, else N/4 (paper form) or √N (official;
+        ⌈√N⌉ rows at inference, as the official top-k)."""
+        if self.top_k is not None:
+            return self.top_k
+        return math.sqrt(T) if self.form == "official" else max(1, T // 4)
+
     def _gate(self, x):
-        return torch.sigmoid(x @ self.gate + self.gate_bias)                  # (B, T) or (B,)
+        bias = self.gate_bias if self.form == "paper" else 0.0
+        return torch.sigmoid(x @ self.gate + bias)                           # (B, T) or (B,)
 
     def selection_mask(self, x, tokens=None):
-        """f(u) for a whole sequence x (B, T, D): (B, T), soft in learned training mode."""
+        """f(u) for a whole sequence x (B, T, D): (B, T), soft in learned training mode; in
+        the official form the kept rows carry their soft f."""
         B, T, D = x.shape
         if self.selection == "programmatic":
             if tokens is None:
@@ -1423,16 +1641,17 @@ class SelectiveAttention(nn.Module):
                 raise ValueError(f"T={T} is not allowed: the random selection is fixed for "
                                  f"seq_len={len(self.random_rows)} positions")
             return self.random_rows[:T].expand(B, T).to(x.dtype)
-        f = self._gate(x)
-        self.aux_loss = selection_aux_loss(f, self.top_k)
+        f, k = self._gate(x), self._k(T)
+        aux = (official_selection_aux_loss if self.form == "official" else selection_aux_loss)
+        self.aux_loss = self.aux_weight * aux(f, k)
         if self.training:
             return f
-        if self.inference == "topk":
-            return top_k_rows(f, self.top_k).to(x.dtype)
-        return (f > 0.5).to(x.dtype)
+        keep = top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5
+        return f * keep if self.form == "official" else keep.to(x.dtype)
 
     def forward(self, x, tokens=None):
-        return self.attention(x) * self.selection_mask(x, tokens)[..., None]
+        y = self.attention(x) * self.selection_mask(x, tokens)[..., None]
+        return y + x if self.form == "official" else y
 
     def step(self, x_t, state=None, token=None):
         if self.selection == "learned" and self.inference == "topk":
@@ -1453,8 +1672,11 @@ class SelectiveAttention(nn.Module):
                                  f"fixed for seq_len={len(self.random_rows)} positions")
             return y * self.random_rows[t].to(y.dtype), kv
         f = self._gate(x_t)
-        f = f if self.training else (f > 0.5).to(y.dtype)
-        return y * f[:, None], kv
+        if not self.training:
+            keep = f > 0.5
+            f = f * keep if self.form == "official" else keep.to(y.dtype)
+        y = y * f[:, None]
+        return (y + x_t if self.form == "official" else y), kv
 
     def state_size(self, t):
         D = self.attention.out_proj.in_features

@@ -25,6 +25,7 @@ from mixers import MIXERS
 from mqar import IGNORE, multiquery_ar
 
 REPO = Path(__file__).resolve().parent
+F64 = torch.float64
 
 
 # ----------------------------------------------------------------------------------------
@@ -326,17 +327,22 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("short_conv", dict(kernel_size=1)),
     ("short_conv", dict(kernel_size=30)),
     ("long_conv", dict(filter="implicit")),
+    ("long_conv", dict(filter="mlp")),
     ("base_conv", dict(kernel_size=3)),
-    ("base_conv", dict(filter="explicit")),
-    ("base_conv", dict(form="paper")),
-    ("base_conv", dict(form="paper", kernel_size=3)),
+    ("base_conv", dict(filter="implicit")),
+    ("base_conv", dict(form="official")),
+    ("base_conv", dict(form="official", kernel_size=3)),
+    ("base_conv", dict(form="official", filter="explicit")),
     ("hyena", dict(order=1)),
     ("hyena", dict(order=3, short_kernel_size=4)),
+    ("hyena", dict(form="official")),
     ("h3", dict(head_dim=4, d_state=8)),
     ("h3", dict(d_state=4, shift_size=3)),
     ("h3", dict(shift_size=20)),
+    ("h3", dict(form="official", head_dim=2, d_state=24)),
     # chunk_size=5 makes T=24 span several chunks (and a ragged last one)
     ("rwkv", dict(chunk_size=5)),
+    ("rwkv", dict(form="official", layer_idx=1)),
     ("retnet", dict(chunk_size=5)),
     ("retnet", dict(num_heads=1)),
     ("based", dict(chunk_size=5)),
@@ -344,6 +350,7 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("mamba", dict(chunk_size=5)),
     ("mamba", dict(chunk_size=8)),           # T=24 = 3 chunks, no padding: the views path
     ("selective_attention", dict(selection="random")),
+    ("selective_attention", dict(form="official", inference="threshold")),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -440,6 +447,24 @@ def test_attention_multihead_and_bad_arguments():
         MIXERS["attention"](16, 24, num_heads=3)
     with pytest.raises(ValueError, match="impl='flash'"):
         MIXERS["attention"](16, 24, impl="flash")
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_attention_dropout_drops_weights_in_training_only(impl):
+    """dropout=0.1 (the official configs'): training outputs are noisy with the eval output
+    as their mean (inverted dropout scales kept weights by 1/(1-p)); eval drops nothing."""
+    m = make_mixer("attention", T=8, dropout=0.1, impl=impl)
+    plain = make_mixer("attention", T=8, impl=impl)
+    x = torch.randn(1, 8, 16, dtype=F64)
+    want = plain.eval()(x)
+    assert torch.allclose(m.eval()(x), want, atol=1e-12)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        draws = torch.stack([m.train()(x) for _ in range(4000)])
+    assert not torch.allclose(draws[0], want, atol=1e-3), "training drops weights"
+    assert (draws.mean(0) - want).abs().max() < 0.05 * want.abs().max()
+    with pytest.raises(ValueError, match="dropout=1.0"):
+        mixers.Attention(16, 8, dropout=1.0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -609,13 +634,86 @@ def test_base_conv_paper_form_is_the_formula():
     assert torch.allclose(run_steps(m, u)[0], y, atol=1e-12)
 
 
-def test_base_conv_official_form_is_gated_conv_plus_residual():
-    m = make_mixer("base_conv", kernel_size=3)
-    assert isinstance(m.filter, mixers.ExplicitFilter), "short filters are explicit"
-    assert isinstance(make_mixer("base_conv").filter, mixers.ImplicitFilter)
+def conv1d_as_official(m, u, h, bias):
+    """What an official nn.Conv1d(D, D, K, groups=D, padding=K-1) returns on u (B, T, D),
+    its weight set from our filter h (D, K): PyTorch's conv1d is a cross-correlation, so
+    its kernel is h reversed in time (h[:, s] weighs lag s)."""
+    D, K = h.shape
+    conv = torch.nn.Conv1d(D, D, K, groups=D, padding=K - 1).to(u.dtype)
+    with torch.no_grad():
+        conv.weight.copy_(h.flip(-1)[:, None, :])
+        conv.bias.copy_(bias)
+    return conv(u.transpose(1, 2))[..., :u.shape[1]].transpose(1, 2)
+
+
+def fft_conv_as_official(u, k):
+    """zoology/mixers/convolution.py's fft_conv on u (B, T, D), k (D, T), transcribed:
+    rfft of k over 2T divided by 2T, irfft with norm="forward", then + u."""
+    T = u.shape[1]
+    x = u.transpose(1, 2)
+    k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
+    y = torch.fft.irfft(torch.fft.rfft(x, n=2 * T) * k_f, n=2 * T, norm="forward")[..., :T]
+    return (y + x).transpose(1, 2)
+
+
+def test_base_conv_official_short_form_is_the_official_layer():
+    """zoology/mixers/base_conv.py with kernel_size 3: y = Conv1d(u) ⊙ projection(u) + u."""
+    m = make_mixer("base_conv", kernel_size=3, form="official")
+    assert isinstance(m.filter, mixers.ExplicitFilter)
+    bound = 1 / math.sqrt(3)                 # PyTorch's Conv1d draw: U(±1/√fan_in), fan_in = K
+    assert m.filter.h.abs().max() <= bound and m.conv_bias.abs().max() <= bound
+    assert m.filter.h.std() > bound / 3, "drawn, not left at zero"
     u = torch.randn(2, 24, 16, dtype=torch.float64)
-    y = conv_by_numpy(u, m.filter.h.detach()) * m.proj(u) + u
+    y = conv1d_as_official(m, u, m.filter.h, m.conv_bias) * m.proj(u) + u
     assert torch.allclose(m(u), y, atol=1e-12)
+
+
+def test_base_conv_official_long_form_is_the_official_layer():
+    """The long layer: ImplicitLongConvolution (a ReLU MLP over the positional features,
+    no decay) through fft_conv, which adds u, gated by the projection, plus u."""
+    m = make_mixer("base_conv", form="official")
+    assert isinstance(m.filter, mixers.MLPFilter) and not hasattr(m, "conv_bias")
+    f = m.filter
+    k = (torch.relu(f.z @ f.fc1.weight.T + f.fc1.bias) @ f.fc2.weight.T + f.fc2.bias).T
+    assert torch.allclose(f(), k, atol=1e-12)
+    u = torch.randn(2, 24, 16, dtype=torch.float64)
+    y = fft_conv_as_official(u, k) * m.proj(u) + u
+    assert torch.allclose(m(u), y, atol=1e-12)
+
+
+def test_positional_features_are_the_official_ones():
+    """zoology's PositionalEmbedding(emb_dim, L): t = linspace(0, 1, L), w = 2π·n/L,
+    f = linspace(1e-4, bands - 1, bands), z = [t, Re, Im of exp(-i f w)]."""
+    for L, bands in ((24, 1), (50, 4)):
+        t = torch.linspace(0, 1, L, dtype=torch.float64)[:, None]
+        w = 2 * math.pi * torch.linspace(0, L - 1, L, dtype=torch.float64)[:, None] / L
+        f = torch.linspace(1e-4, bands - 1, bands, dtype=torch.float64)[None]
+        z = torch.exp(-1j * f * w)
+        expected = torch.cat([t, z.real, z.imag], dim=-1)
+        got = mixers.positional_features(L, f[0], dtype=torch.float64)
+        assert torch.allclose(got, expected, atol=1e-12)
+    z = mixers.positional_features(64, mixers.OFFICIAL_FREQUENCIES, dtype=torch.float64)
+    assert z.shape == (64, 3), "t, cos, -sin of one band"
+    assert (z[:, 1] - 1).abs().max() < 1e-6 and z[:, 2].abs().max() < 1e-3, "~constants"
+
+
+def test_official_implicit_filter_is_hyenas_filter():
+    """zoology/mixers/hyena.py's Filter at Figure 2's settings, transcribed: Linear, Sin,
+    Linear, Sin, Linear, Sin (one learned frequency, shared), Linear without bias, times
+    exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, D)."""
+    D, L = 6, 30
+    torch.manual_seed(0)
+    f = mixers.ImplicitFilter(D, L, form="official").double()
+    with torch.no_grad():
+        f.frequency.uniform_(0.5, 2.0)
+    assert f.z.requires_grad and len(f.layers) == 3 and f.layers[0].out_features == 64
+    a = f.z
+    for layer in f.layers:
+        a = torch.sin(f.frequency * (a @ layer.weight.T + layer.bias))
+    delta = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, D, dtype=torch.float64)
+    t = torch.linspace(0, 1, L, dtype=torch.float64)[:, None]
+    h = (a @ f.out.weight.T) * torch.exp(-t * delta.abs())
+    assert torch.allclose(f(), h.T, atol=1e-12)
 
 
 def test_base_conv_paper_form_rejects_longer_inputs():
@@ -649,20 +747,40 @@ def test_hyena_is_algorithm_3(order):
     assert torch.allclose(m(u)[0], y, atol=1e-12)
 
 
+def test_hyena_official_form_is_the_official_operator():
+    """zoology/mixers/hyena.py's forward, transcribed: in_proj, Conv1d(3D) with bias,
+    x1, x2, v = split; v = v·x1; fftconv_ref: h ∗ v + bias·v; v·x2; out_proj."""
+    T, D = 24, 16
+    m = make_mixer("hyena", D=D, T=T, form="official")
+    u = torch.randn(2, T, D, dtype=torch.float64)
+    uc = conv1d_as_official(m, m.in_proj(u), m.short_filter.h, m.short_bias)
+    x1, x2, v = uc.split(D, dim=-1)
+    v = v * x1
+    k = m.long_filter()                                                      # (D, T)
+    x = v.transpose(1, 2)
+    k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
+    y = torch.fft.irfft(torch.fft.rfft(x, n=2 * T) * k_f, n=2 * T, norm="forward")[..., :T]
+    y = (y + x * m.bias[:, None]).transpose(1, 2) * x2
+    assert torch.allclose(m(u), m.out_proj(y), atol=1e-12)
+    with pytest.raises(ValueError, match="order=3 is not allowed with form='official'"):
+        mixers.Hyena(D, T, order=3, form="official")
+
+
 # ----------------------------------------------------------------------------------------
 # H3
 
-def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response():
+@pytest.mark.parametrize("discretization", mixers.SSM_DISCRETIZATIONS)
+def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response(discretization):
     torch.manual_seed(0)
     m = make_mixer("h3", d_state=8)
     log_dt, A, C, _ = m._ssm()
     T = 40
-    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T)                          # (D, T)
+    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)           # (D, T)
     x = torch.zeros(1, *A.shape, dtype=A.dtype)
     response = []
     for t in range(T):
         u_t = torch.zeros(1, A.shape[0], dtype=torch.float64) + (t == 0)
-        y_t, x = mixers.diagonal_ssm_step(u_t, x, log_dt, A, C)
+        y_t, x = mixers.diagonal_ssm_step(u_t, x, log_dt, A, C, discretization)
         response.append(y_t[0])
     assert torch.allclose(torch.stack(response, 1), K, atol=1e-12)
     assert K.abs().max() > 1e-3, "a kernel of zeros would pass trivially"
@@ -673,13 +791,33 @@ def test_ssm_discretization_is_zero_order_hold():
     step of length Δ with u held constant."""
     log_dt = torch.tensor([-1.0, -3.0], dtype=torch.float64)
     A = torch.tensor([[-0.5 + 2.0j], [-0.1 + 0.3j]], dtype=torch.complex128)
-    dA, dB = mixers.ssm_discretize(log_dt, A)
+    log_dA, dB = mixers.ssm_discretize(log_dt, A)
     for c in range(2):
         M = torch.zeros(2, 2, dtype=torch.complex128)
         M[0, 0], M[0, 1] = A[c, 0], 1
         E = torch.linalg.matrix_exp(log_dt[c].exp() * M)
-        assert torch.allclose(dA[c, 0], E[0, 0], atol=1e-12)
+        assert torch.allclose(log_dA[c, 0].exp(), E[0, 0], atol=1e-12)
         assert torch.allclose(dB[c, 0], E[0, 1], atol=1e-12)
+
+
+def test_ssm_bilinear_discretization_is_the_official_kernels():
+    """SSKernelDiag(disc="bilinear"): dA = (1 + ΔA/2)/(1 - ΔA/2), dB = Δ/(1 - ΔA/2), and
+    its kernel 2·Re Σ_n C_n dB_n dA_n^ℓ (log_vandermonde on dA.log())."""
+    torch.manual_seed(0)
+    log_dt = torch.empty(3, dtype=torch.float64).uniform_(math.log(1e-3), math.log(1e-1))
+    A = torch.complex(-0.5 * torch.ones(3, 4), math.pi * torch.arange(4.0).repeat(3, 1)).to(
+        torch.complex128)
+    C = torch.randn(3, 4, dtype=torch.complex128)
+    dt = log_dt.exp()[:, None]
+    dA, dB = (1 + dt * A / 2) / (1 - dt * A / 2), dt / (1 - dt * A / 2)
+    log_dA, got_dB = mixers.ssm_discretize(log_dt, A, "bilinear")
+    assert torch.allclose(log_dA.exp(), dA, atol=1e-12) and torch.allclose(got_dB, dB)
+    ell = torch.arange(30, dtype=torch.float64)
+    K = 2 * torch.einsum("dn,dnl->dl", C * dB, dA[..., None] ** ell).real
+    assert torch.allclose(mixers.diagonal_ssm_kernel(log_dt, A, C, 30, "bilinear"), K,
+                          atol=1e-12)
+    with pytest.raises(ValueError, match="discretization='euler'"):
+        mixers.ssm_discretize(log_dt, A, "euler")
 
 
 def test_shift_ssm_kernel_is_its_filter():
@@ -714,6 +852,40 @@ def test_h3_per_head_outer_product_is_the_formula():
     assert torch.allclose(m(u)[0], m.out_proj(y), atol=1e-12)
 
 
+def test_h3_official_form_is_the_official_layer():
+    """zoology/mixers/h3/h3.py's forward (its non-fused path), transcribed at head_dim 2:
+    k through the shift kernel plus ssm_k_D·k; kv = k ⊗ v per head as "b d1 d2 h l"; the
+    bilinear S4D kernel by FFT plus D·kv; mul_sum with q; channels in (d2, head) order;
+    output_linear. Our shift filter holds the official C with ssm_k_D added to tap 0."""
+    T, D, hd = 24, 8, 2
+    H = D // hd
+    m = make_mixer("h3", D=D, T=T, form="official", head_dim=hd, d_state=24)
+    u = torch.randn(2, T, D, dtype=torch.float64)
+    q, k, v = (t.transpose(1, 2) for t in m.qkv(u).split(D, dim=-1))         # (B, D, T)
+    ssm_k_D = torch.randn(D, dtype=torch.float64)
+    shift_C = m.shift_filter.h.clone()
+    shift_C[:, 0] -= ssm_k_D
+    k_f = torch.fft.rfft(shift_C, n=2 * T) * torch.fft.rfft(k, n=2 * T)
+    k = torch.fft.irfft(k_f, n=2 * T)[..., :T] + ssm_k_D[:, None] * k
+    dt = m.log_dt.exp()[:, None]
+    dtA = dt * torch.complex(-m.log_neg_A_re.exp(), m.A_im)                 # (H, n)
+    Cb = torch.complex(m.C_re, m.C_im) * dt / (1 - dtA / 2)
+    dA = (1 + dtA / 2) / (1 - dtA / 2)
+    ell = torch.arange(T, dtype=torch.float64)
+    K = 2 * torch.einsum("hn,hnl->hl", Cb, torch.exp(dA.log()[..., None] * ell)).real
+    kv = k.view(2, H, hd, 1, T).permute(0, 2, 3, 1, 4) * v.view(2, H, 1, hd, T).permute(
+        0, 2, 3, 1, 4)                                                       # b d1 d2 h l
+    kv_f = torch.fft.rfft(kv, n=2 * T) / (2 * T)
+    y = torch.fft.irfft(kv_f * torch.fft.rfft(K, n=2 * T), n=2 * T, norm="forward")[..., :T]
+    y = y + kv * m.D[:, None]
+    y = (q.view(2, H, hd, 1, T).permute(0, 2, 3, 1, 4) * y).sum(1)           # b d2 h l
+    y = y.reshape(2, hd * H, T).transpose(1, 2)                              # (d2, h) order
+    W = m.out_proj.weight.view(D, H, hd).transpose(1, 2).reshape(D, D)       # same order
+    assert torch.allclose(m(u), y @ W.T + m.out_proj.bias, atol=1e-12)
+    bound = 1 / math.sqrt(24)
+    assert m.shift_filter.h[:, 1:].abs().max() <= bound, "taps drawn as SSKernelShift's C"
+
+
 def test_h3_state_does_not_grow():
     m = make_mixer("h3", d_state=8, head_dim=2)
     assert m.state_size(1) == m.state_size(10_000) == 16 * 8 + 16 * 2 * 8
@@ -728,8 +900,13 @@ def test_h3_state_does_not_grow():
     ("sliding_window", dict(impl="flash"), "impl='flash'"),
     ("short_conv", dict(kernel_size=0), "kernel_size=0"),
     ("short_conv", dict(impl="fft"), "impl='fft'"),
-    ("long_conv", dict(filter="mlp"), "filter='mlp'"),
+    ("long_conv", dict(filter="relu"), "filter='relu'"),
     ("base_conv", dict(form="theory"), "form='theory'"),
+    ("hyena", dict(form="zoology"), "form='zoology'"),
+    ("h3", dict(form="s4"), "form='s4'"),
+    ("rwkv", dict(form="v5"), "form='v5'"),
+    ("selective_attention", dict(form="softmax"), "form='softmax'"),
+    ("selective_attention", dict(aux_weight=-1.0), "aux_weight=-1.0"),
     ("base_conv", dict(kernel_size=-1), "kernel_size=-1.*or None"),
     ("base_conv", dict(filter="learned"), "filter='learned'"),
     ("hyena", dict(order=0), "order=0"),
@@ -753,8 +930,6 @@ def test_seq_len_is_checked(name):
 
 # ----------------------------------------------------------------------------------------
 # mixers.py: recurrences, linear attention, Mamba, selective attention
-
-F64 = torch.float64
 
 
 @pytest.mark.parametrize("name,kwargs,match", [
@@ -816,6 +991,24 @@ def test_rwkv_step_is_stable_over_a_long_sequence():
         y = m(x)
         ys, _ = run_steps(m, x)
     assert torch.isfinite(y).all() and torch.allclose(ys, y, atol=1e-3, rtol=1e-3)
+
+
+def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
+    """zoology/mixers/rwkv.py's RWKVTimeMixer.__init__ with n_layer=12, its loops transcribed."""
+    D = 16
+    for layer_id in (0, 1):
+        m = mixers.RWKV(D, 24, form="official", layer_idx=layer_id)
+        r01, r10 = layer_id / (12 - 1), 1.0 - layer_id / 12
+        decay = [-5 + 8 * (h / (D - 1)) ** (0.7 + 1.3 * r01) for h in range(D)]
+        zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(D)]
+        x = [i / D for i in range(D)]
+        for got, want in ((m.w_log, decay), (m.u, [math.log(0.3) + z for z in zigzag]),
+                          (m.mix_k, [v ** r10 for v in x]),
+                          (m.mix_v, [v ** r10 + 0.3 * r01 for v in x]),
+                          (m.mix_r, [v ** (0.5 * r10) for v in x])):
+            assert torch.allclose(got, torch.tensor(want), atol=1e-6)
+    with pytest.raises(ValueError, match="layer_idx=-1"):
+        mixers.RWKV(D, 24, form="official", layer_idx=-1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -935,6 +1128,19 @@ def test_mamba_initialisation_survives_zeroed_linear_biases():
     assert (dt > 0.9e-3).all() and (dt < 0.11).all()
 
 
+def test_mamba_is_initialised_as_mamba_initialises_itself():
+    """mamba_simple.py (copied by zoology/mixers/mamba.py): dt_proj U(±dt_rank^-1/2), the
+    conv and the Linear layers as PyTorch draws them: U(±1/√fan_in)."""
+    torch.manual_seed(0)
+    m = mixers.Mamba(64, 24)
+    r = m.dt_proj.in_features
+    for p, bound in ((m.dt_proj.weight, r ** -0.5), (m.conv_weight, 0.5), (m.conv_bias, 0.5),
+                     (m.in_proj.weight, 64 ** -0.5), (m.x_proj.weight, 128 ** -0.5),
+                     (m.out_proj.weight, 128 ** -0.5)):
+        assert p.abs().max() <= bound and p.abs().max() > 0.9 * bound, (p.shape, bound)
+    assert mixers.Mamba.keeps_own_init
+
+
 # ----------------------------------------------------------------------------------------
 # selective attention
 
@@ -976,6 +1182,30 @@ def test_learned_aux_loss_is_the_formula():
     assert torch.allclose(m.aux_loss, torch.relu(soft.sum(-1) - 3).mean() / 24)
     m.aux_loss.backward()                                # reaches the gate parameters
     assert m.gate.grad.abs().sum() > 0 and m.gate_bias.grad != 0
+
+
+def test_selective_attention_official_form_is_sigmoid_lookups():
+    """zoology/mixers/selective.py's SigmoidLookups, transcribed: σ(x w) without bias;
+    training y = attn·σ + x, aux 0.001·relu(mean σ - √l/l); eval: the ⌈√l⌉ rows of largest
+    σ get x + attn·σ (scatter_add), the others x."""
+    T = 24
+    m = make_mixer("selective_attention", T=T, form="official")
+    assert not hasattr(m, "gate_bias") and m.aux_weight == 0.001 and m.inference == "topk"
+    with torch.no_grad():
+        m.gate.normal_()
+    x = torch.randn(2, T, 16, dtype=F64)
+    attn = m.attention(x)
+    sel = torch.sigmoid(x @ m.gate)[..., None]                               # (B, T, 1)
+    y = m.train()(x)
+    assert torch.allclose(y, attn * sel + x, atol=1e-12)
+    want = torch.relu(sel.mean() - math.sqrt(T) / T) * 0.001
+    assert torch.allclose(m.aux_loss, want, atol=1e-15)
+    k = math.ceil(math.sqrt(T))
+    idx = torch.topk(sel, k=k, dim=1, sorted=False).indices.repeat(1, 1, 16)
+    src = torch.gather(attn * sel, dim=1, index=idx)
+    assert torch.allclose(m.eval()(x), x.clone().scatter_add_(1, idx, src), atol=1e-12)
+    with pytest.raises(ValueError, match="selection='programmatic' is not allowed"):
+        mixers.SelectiveAttention(16, T, selection="programmatic", form="official")
 
 
 def test_learned_gate_is_soft_in_training_and_hard_at_inference():
@@ -1161,8 +1391,8 @@ def test_learned_selection_adds_its_aux_loss(tmp_path):
     model(x)
     sel = model.blocks[1].mixer
     assert torch.equal(model.aux_loss(), sel.aux_loss) and sel.aux_loss.item() > 0
-    runs = [train.train(small_config(mixer="base_conv,selective_attention:top_k=1",
-                                     aux_loss_weight=w, out_dir=str(tmp_path)))
+    runs = [train.train(small_config(mixer=f"base_conv,selective_attention:top_k=1:aux_weight={w}",
+                                     out_dir=str(tmp_path)))
             for w in (0.0, 1.0)]
     assert all(r["ended"] == "max_steps" for r in runs)
     assert runs[0]["history"][0]["loss"] != runs[1]["history"][0]["loss"], "aux loss is added"
@@ -1179,7 +1409,8 @@ def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path):
     a = train.train(small_config(out_dir=str(tmp_path / "a")))
     assert torch.equal(before, torch.get_rng_state())
     b = train.train(small_config(out_dir=str(tmp_path / "b")))
-    assert a["history"] == b["history"] and a["steps"] == 12
+    untimed = lambda r: [{k: v for k, v in h.items() if k != "seconds"} for h in r["history"]]
+    assert untimed(a) == untimed(b) and a["steps"] == 12
     record = json.loads(next((tmp_path / "a").glob("*.json")).read_text())
     assert record["config"]["max_steps"] == 12 and record["ended"] == "max_steps"
     assert {"test_acc", "steps", "wall_time_s", "seed", "device", "torch"} <= set(record)
@@ -1191,6 +1422,213 @@ def test_diverging_run_stops_and_says_so(tmp_path, capsys):
     assert r["ended"] == "diverged" and r["steps"] < 200
     err = capsys.readouterr().err
     assert re.search(r"at step \d+ \(lr 1e\+06\)", err), err
+
+
+def official_backbone(model, tokens, block):
+    """zoology/model.py's LMBackbone.forward, transcribed over our model's modules (eval
+    mode, so its dropouts are the identity): blocks pass (hidden_states, residual) on."""
+    hidden = model.embed(tokens)
+    if model.pos is not None:
+        hidden = hidden + model.pos(torch.arange(tokens.shape[1]))
+    residual = None
+    for b in model.blocks:
+        residual = hidden + residual if residual is not None else hidden
+        hidden = b.mixer(b.norm1(residual))
+        if block == "identity_mlp":               # TransformerBlock, state_mixer = Identity
+            residual = hidden + residual
+            hidden = b.norm2(residual)
+    return model.norm(hidden + residual)
+
+
+@pytest.mark.parametrize("block,mixer", [("identity_mlp", "attention"),
+                                         ("identity_mlp", "base_conv:kernel_size=3,h3"),
+                                         ("rms_pre_norm", "mamba")])
+def test_official_blocks_are_the_official_transcription(block, mixer):
+    """identity_mlp is TransformerBlock with the identity as state mixer: r + mixer(LN1(r)),
+    then r + LN2(r); rms_pre_norm is MambaBlock: r + mixer(RMSNorm(r)). Also checks that
+    the model's own step agrees."""
+    c = small_config(mixer=mixer, block=block)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).double().eval()
+    if block == "rms_pre_norm":
+        assert isinstance(model.blocks[0].norm1, torch.nn.RMSNorm)
+        with torch.no_grad():
+            model.blocks[0].norm1.weight.uniform_(0.5, 1.5)
+    x, _ = mqar.multiquery_ar(3, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    with torch.no_grad():
+        want = official_backbone(model, x, block)
+        assert torch.allclose(model(x), want, atol=1e-12)
+        if block == "identity_mlp":              # not the plain pre-norm block
+            plain = dataclasses.replace(c, block="pre_norm")
+            torch.manual_seed(0)
+            assert not torch.allclose(train.LanguageModel(plain).double().eval()(x), want)
+        states, steps = None, []
+        for t in range(c.seq_len):
+            h, states = model.step(x[:, t], t, states)
+            steps.append(h)
+    assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
+    with pytest.raises(ValueError, match="mlp=True is not allowed with block='identity_mlp'"):
+        train.check_config(small_config(block="identity_mlp", mlp=True))
+
+
+def weights_of(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_normal_init_leaves_mixers_that_keep_their_own():
+    c = small_config(mixer="mamba,hyena")
+    torch.manual_seed(0)
+    model = train.LanguageModel(c)
+    before = weights_of(model)
+    torch.manual_seed(1)
+    train.init_weights(model, "normal", c.n_layers)
+    after = weights_of(model)
+    own = [k for k in before if k.startswith("blocks.0.mixer.") or ".long_filter." in k]
+    assert own and all(torch.equal(before[k], after[k]) for k in own)
+    assert not torch.equal(before["embed.weight"], after["embed.weight"])
+    assert not torch.equal(before["blocks.1.mixer.in_proj.weight"],
+                           after["blocks.1.mixer.in_proj.weight"])
+    assert after["blocks.1.mixer.out_proj.weight"].std() == pytest.approx(0.02, rel=0.2)
+
+
+def test_gpt2_init_is_the_official_init_weights():
+    """Every Linear and Embedding N(0, 0.02), biases 0, implicit filters included; the
+    out_proj of attention, Hyena and the MLP N(0, 0.02/√(2L)); not H3's, RWKV's, Based's."""
+    L = 2
+    std = lambda t: t.std().item()
+    torch.manual_seed(0)
+    m = train.LanguageModel(small_config(mixer="hyena:form=official,h3", init="gpt2", d_model=64))
+    hyena, h3 = m.blocks[0].mixer, m.blocks[1].mixer
+    assert std(hyena.out_proj.weight) == pytest.approx(0.02 / math.sqrt(2 * L), rel=0.1)
+    assert std(h3.out_proj.weight) == pytest.approx(0.02, rel=0.1)
+    for layer in hyena.long_filter.layers:
+        assert std(layer.weight) == pytest.approx(0.02, rel=0.2) and layer.bias.abs().max() == 0
+    assert std(hyena.bias) > 0.5, "not a Linear: keeps its N(0, 1)"
+    torch.manual_seed(0)
+    m = train.LanguageModel(small_config(mixer="rwkv,based", init="gpt2", d_model=64,
+                                         block="pre_norm", mlp=True))
+    for b in m.blocks:
+        assert std(b.mixer.out_proj.weight) == pytest.approx(0.02, rel=0.1)
+        assert std(b.mlp.out_proj.weight) == pytest.approx(0.02 / math.sqrt(2 * L), rel=0.1)
+
+
+def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
+    """_init_weights with block_type MambaBlock: Embedding N(0, 0.02), Linear biases 0,
+    out_proj PyTorch's draw divided by √L; Mamba's own weights untouched."""
+    c = small_config(mixer="mamba", block="rms_pre_norm", init="gpt2", d_model=64)
+    torch.manual_seed(0)
+    m = train.LanguageModel(c)
+    out = m.blocks[0].mixer.out_proj.weight
+    bound = 1 / math.sqrt(out.shape[1]) / math.sqrt(c.n_layers)
+    assert out.abs().max() <= bound and out.abs().max() > 0.9 * bound
+    before = weights_of(m)
+    train.init_weights(m, "gpt2", c.n_layers, "rms_pre_norm")
+    after = weights_of(m)
+    for k in before:
+        same = torch.equal(before[k], after[k])
+        assert same == (k.endswith(("in_proj.weight", "x_proj.weight", "dt_proj.weight",
+                                    "conv_weight", "A_log", "dt_bias", "norm1.weight",
+                                    "norm.weight", "norm.bias", ".D", "conv_bias"))), k
+
+
+def test_figure2_preset_is_the_official_sweep():
+    c = train.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16, lr=1e-3)
+    assert c.mixer == ",".join(["h3:form=official:d_state=256:head_dim=2"] * 2)
+    assert (c.batch_size, c.num_train, c.num_test, c.vocab_size) == (256, 100_000, 3_000, 8192)
+    assert c.max_steps == 64 * 391 and c.eval_every == 391 and c.eval_probe == 0
+    assert (c.beta2, c.weight_decay, c.decay_all, c.grad_clip, c.warmup_steps) == (
+        0.999, 0.1, True, 0.0, 0)
+    assert (c.schedule, c.shuffle, c.block, c.init, c.dropout, c.lr) == (
+        "cosine_epochs", False, "identity_mlp", "gpt2", 0.1, 1e-3)
+    assert [train.figure2_batch_size(n) for n in (64, 128, 256, 512)] == [512, 512, 256, 128]
+    c = train.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
+    assert c.mixer == ("base_conv:kernel_size=3:form=official,base_conv:form=official,"
+                       "base_conv:kernel_size=3:form=official,base_conv:form=official")
+    assert c.batch_size == 64 and c.max_steps == 64 * 196, "given keys win over the preset"
+    c = train.make_config(preset="figure2", mixer="rwkv")
+    assert c.mixer == "rwkv:form=official:layer_idx=0,rwkv:form=official:layer_idx=1"
+    c = train.make_config(preset="figure2", mixer="mamba")
+    assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
+    assert train.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
+    for name in train.FIGURE2_MIXERS:                  # every official model builds
+        train.LanguageModel(train.make_config(preset="figure2", mixer=name, d_model=16))
+    with pytest.raises(ValueError, match="preset='fig2'"):
+        train.make_config(preset="fig2")
+    assert train.parse_overrides(["--preset=figure2", "--mixer=hyena"]).mixer.startswith(
+        "hyena:form=official")
+
+
+def test_cosine_epochs_is_torch_cosine_annealing_stepped_per_epoch():
+    """The official trainer: CosineAnnealingLR(T_max=max_epochs, eta_min=0), .step() after
+    each epoch; our lr_at reads the same value at every step of an epoch."""
+    c = train.Config(lr=1e-2, num_train=1000, batch_size=300, max_steps=4 * 7,
+                     schedule="cosine_epochs")
+    assert train.steps_per_epoch(c) == 4                  # 300, 300, 300, 100 examples
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=c.lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=7, eta_min=0.0)
+    for epoch in range(7):
+        for b in range(4):
+            assert train.lr_at(4 * epoch + b, c) == pytest.approx(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    with pytest.raises(ValueError, match="warmup_steps=5 is not allowed"):
+        train.check_config(dataclasses.replace(c, warmup_steps=5))
+
+
+def test_optimizer_decays_what_the_recipe_says():
+    m = train.LanguageModel(small_config())
+    groups = train.make_optimizer(m, small_config(decay_all=True, beta2=0.95)).param_groups
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
+    assert groups[0]["betas"] == (0.9, 0.95) and len(groups[0]["params"]) == len(list(m.parameters()))
+    groups = train.make_optimizer(m, small_config()).param_groups
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0
+    assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[0]["betas"] == (0.9, 0.999)
+
+
+def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch):
+    """shuffle=False (the official DataLoader): batches in order, a partial last batch,
+    the same order every epoch; budget_steps stops mid-schedule."""
+    seen = []
+    loss = train.labelled_loss
+    monkeypatch.setattr(train, "labelled_loss",
+                        lambda m, x, y: (seen.append(x.clone()) if m.training else None) or
+                        loss(m, x, y))
+    c = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
+                     budget_steps=5, eval_every=50, out_dir=str(tmp_path))
+    r = train.train(c)
+    assert r["ended"] == "budget_steps" and r["steps"] == 5
+    (x, _), _ = train.make_data(c)
+    want = [x[0:16], x[16:32], x[32:40], x[0:16], x[16:32]]
+    assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
+
+
+def test_probe_decides_when_the_whole_test_set_is_scored(tmp_path, monkeypatch):
+    sizes = []
+    evaluate = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda m, x, y: sizes.append(len(x)) or
+                        evaluate(m, x, y))
+    r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
+                                 out_dir=str(tmp_path)))
+    assert sizes == [16, 16, 64] and r["ended"] == "max_steps", "whole set at the end only"
+    assert [sorted(h) for h in r["history"]] == [["loss", "probe_acc", "seconds", "step"]] * 2 + [
+        ["loss", "seconds", "step", "test_acc"]]
+    sizes.clear()                                      # a probe that passes: the whole set
+    monkeypatch.setattr(train, "evaluate", lambda m, x, y: sizes.append(len(x)) or 1.0)
+    r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
+                                 out_dir=str(tmp_path)))
+    assert r["ended"] == "target_reached" and r["steps"] == 4 and sizes == [16, 64]
+
+
+def test_summary_counts_runs_that_never_passed_as_the_longest():
+    runs = [dict(ended="target_reached", steps=s, train_time_s=t, config=dict(target_acc=0.99))
+            for s, t in ((900, 40.5), (700, 36.6), (600, 26.3))]
+    runs += [dict(ended="max_steps", steps=3000, train_time_s=99.0,
+                  config=dict(target_acc=0.99))] * 2
+    line = train.summarize(runs)
+    assert line.startswith("3/5 runs passed test accuracy 0.99")
+    assert "steps median 900 (min 600, max > 3000)" in line
+    assert "training seconds median 40.5 (min 26.3, max > 99)" in line
+    assert "steps median > 3000" in train.summarize(runs[2:])
 
 
 def rand(*shape, seed):

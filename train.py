@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import MIXERS, ImplicitFilter
+from mixers import MIXERS, check_choice
 from mqar import IGNORE, multiquery_ar
 
 
@@ -43,53 +43,143 @@ from mqar import IGNORE, multiquery_ar
 
 @dataclasses.dataclass
 class Config:
-    # model (SPEC §4)
+    # model (Section 4.3 and appendix E; `--preset=figure2` sets the official configuration)
     mixer: str = "attention"          # a key of mixers.MIXERS, or one per layer: see parse_layers
     d_model: int = 64
     n_layers: int = 2
+    block: str = "pre_norm"           # one of BLOCKS: "pre_norm", "identity_mlp", "rms_pre_norm"
     mlp: bool = False                 # the Figure 2 configs have no MLP
     position_embedding: str = "auto"  # "auto" (learned iff every layer is attention-like),
                                       # "learned" or "none"
-    # data (Procedure 1; SPEC §1)
+    dropout: float = 0.0              # on the embeddings (the official configs: 0.1)
+    init: str = "normal"              # "normal" or "gpt2" (the official scheme): see init_weights
+    # data (Procedure 1)
     vocab_size: int = 8192
     seq_len: int = 64
     num_kv_pairs: int = 4
     power_a: float = 0.01
     num_train: int = 100_000
     num_test: int = 3_000
-    # optimisation
+    # optimisation: the CPU recipe, chosen by measurement (README, "The main job's recipe")
     batch_size: int = 64
     lr: float = 3e-3
+    beta2: float = 0.999              # AdamW's betas are (0.9, beta2)
     weight_decay: float = 0.1
-    warmup_steps: int = 50
-    max_steps: int = 8000             # the cosine schedule decays to 0 here
-    grad_clip: float = 1.0            # max gradient norm; 0 turns clipping off
-    aux_loss_weight: float = 1.0      # weight of a mixer's auxiliary loss (learned selection)
-    eval_every: int = 200             # each evaluation scores num_test·D rows over c tokens
+    decay_all: bool = False           # weight decay on biases, norms and other 1-d parameters too
+    grad_clip: float = 0.0            # max gradient norm; 0 turns clipping off
+    warmup_steps: int = 0             # linear warmup (schedule "cosine" only)
+    max_steps: int = 8000             # the schedule decays to 0 here
+    schedule: str = "cosine"          # "cosine" stepped every step, "cosine_epochs" every epoch
+    budget_steps: int = 0             # stop here even mid-schedule (a CPU budget); 0: max_steps
+    shuffle: bool = True              # a new order of the training set every epoch
+    eval_every: int = 100             # steps between evaluations on the test set
+    eval_probe: int = 500             # an evaluation first scores this many test examples and
+                                      # the whole test set only if they pass target_acc (0: all)
     target_acc: float = 0.99          # stop once test accuracy exceeds this
     # bookkeeping
+    preset: str = "cpu"               # "cpu" (these defaults) or "figure2": see PRESETS
     seed: int = 0
     device: str = "auto"              # "auto" (cuda when present), "cpu", "cuda", "cuda:N"
     out_dir: str = "results/runs"
     progress: bool = True
 
 
-def parse_overrides(args, config=None):
-    """Apply `--key=value` strings to a Config; unknown keys and bad values raise ValueError."""
-    config = config or Config()
-    fields = {f.name: f for f in dataclasses.fields(Config)}
+# ----------------------------------------------------------------------------------------
+# the official Figure 2 configuration, one preset away
+
+# Each Figure 2 model of the official sweep (zoology/experiments/paper_configs/
+# iclr24_zoology_figure2/configs.py at commit d88d6f5) as per-layer mixer entries, cycled over
+# the layers as the official code picks them by layer index: BaseConv's kernel_size list
+# [3, -1, 3, -1] alternates a short and a long filter, the "based" Hybrid alternates a short
+# BaseConv and Based. {N} is seq_len, {i} the layer index.
+FIGURE2_MIXERS = {
+    "attention": ("attention:dropout=0.1",),
+    "base_conv": ("base_conv:kernel_size=3:form=official", "base_conv:form=official"),
+    "hyena": ("hyena:form=official",),
+    "h3": ("h3:form=official:d_state={N}:head_dim=2",),
+    "rwkv": ("rwkv:form=official:layer_idx={i}",),
+    "based": ("base_conv:kernel_size=3:form=official", "based:feature_dim=8"),
+    "mamba": ("mamba",),
+}
+
+
+def figure2_batch_size(seq_len):
+    """The official sweep's batch size by sequence length: 512 up to N = 128, then halved."""
+    return 512 if seq_len <= 128 else 256 if seq_len <= 256 else 128 if seq_len <= 512 else 64
+
+
+def figure2_values(config):
+    """The settings of the official Figure 2 runs (configs.py, zoology/config.py defaults,
+    zoology/model.py, zoology/train.py) for config's mixer, seq_len and n_layers.
+
+    Recipe: AdamW with PyTorch's default betas and weight decay 0.1 on every parameter, no
+    clipping, no warmup, CosineAnnealingLR(T_max=64) stepped after each of 64 epochs of
+    100,000 examples in a fixed order (the official DataLoader does not shuffle; its last
+    batch of an epoch is partial), evaluation on 3,000 examples after every epoch, early stop
+    above 0.99. Model: the official block and init (init="gpt2"), embedding dropout 0.1;
+    Mamba runs in the official MambaBlock (RMSNorm pre-norm, no dropout). The sweep's lr is
+    one of logspace(-4, -2, 4) (the caller's `lr`), and Figure 2 reports the best of the four.
+    """
+    c = config
+    batch = figure2_batch_size(c.seq_len)
+    epoch = math.ceil(100_000 / batch)                       # steps in one epoch
+    values = dict(block="identity_mlp", mlp=False, dropout=0.1, init="gpt2",
+                  position_embedding="auto", vocab_size=8192, power_a=0.01, num_train=100_000,
+                  num_test=3_000, batch_size=batch, beta2=0.999, weight_decay=0.1,
+                  decay_all=True, grad_clip=0.0, warmup_steps=0,
+                  max_steps=64 * epoch, schedule="cosine_epochs", shuffle=False,
+                  eval_every=epoch, eval_probe=0, target_acc=0.99)
+    if c.mixer == "mamba":
+        values.update(block="rms_pre_norm", dropout=0.0)
+    return values
+
+
+def figure2_mixer(name, seq_len, n_layers):
+    """A Figure 2 model name as its per-layer `mixer` setting, e.g. "h3" ->
+    "h3:form=official:d_state=64:head_dim=2,h3:form=official:d_state=64:head_dim=2"."""
+    entries = FIGURE2_MIXERS[name]
+    return ",".join(entries[i % len(entries)].format(N=seq_len, i=i) for i in range(n_layers))
+
+
+PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
+
+
+def make_config(preset="cpu", **overrides):
+    """A checked Config: the preset's values first, then `overrides` (Config keys) on top.
+
+    preset="cpu" is the Config defaults. preset="figure2" is the official Figure 2 run of
+    `mixer` (figure2_values); a mixer named in FIGURE2_MIXERS becomes its official per-layer
+    form, any other mixer setting is used as it is.
+    """
+    fields = [f.name for f in dataclasses.fields(Config)]
+    for key in overrides:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else ""
+            raise ValueError(f"unknown key --{key}{hint} (keys: {', '.join(fields)})")
+    check_choice("preset", preset, tuple(PRESETS))
+    config = Config(preset=preset, **overrides)
+    for key, value in PRESETS[preset](config).items():
+        if key not in overrides:
+            setattr(config, key, value)
+    if preset == "figure2" and config.mixer in FIGURE2_MIXERS:
+        config.mixer = figure2_mixer(config.mixer, config.seq_len, config.n_layers)
+    return check_config(config)
+
+
+def parse_overrides(args):
+    """`--key=value` strings -> a checked Config (make_config); bad keys and values raise
+    ValueError."""
+    fields = [f.name for f in dataclasses.fields(Config)]
+    overrides = {}
     for arg in args:
         if not arg.startswith("--") or "=" not in arg:
             raise ValueError(f"argument {arg!r} is not allowed: write --key=value "
                              f"(keys: {', '.join(fields)})")
         key, text = arg[2:].split("=", 1)
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else ""
-            raise ValueError(f"unknown key --{key}{hint} (keys: {', '.join(fields)})")
-        kind = type(getattr(Config(), key))
-        setattr(config, key, _parse_value(key, text, kind))
-    return check_config(config)
+        kind = type(getattr(Config(), key)) if key in fields else str
+        overrides[key] = _parse_value(key, text, kind)
+    return make_config(**overrides)
 
 
 def _parse_value(key, text, kind):
@@ -148,20 +238,36 @@ def _option_value(text):
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
+BLOCKS = ("pre_norm", "identity_mlp", "rms_pre_norm")
+INITS = ("normal", "gpt2")
+SCHEDULES = ("cosine", "cosine_epochs")
+
+
 def check_config(config):
     """Raise a ValueError naming the first setting that cannot work."""
     c = config
+    check_choice("preset", c.preset, tuple(PRESETS))
     layers = parse_layers(c.mixer, c.n_layers) if c.n_layers >= 1 else []
-    if c.position_embedding not in ("auto", "learned", "none"):
-        raise ValueError(f"position_embedding={c.position_embedding!r} is not allowed: "
-                         "choose 'auto', 'learned' or 'none'")
+    check_choice("block", c.block, BLOCKS)
+    check_choice("init", c.init, INITS)
+    check_choice("schedule", c.schedule, SCHEDULES)
+    check_choice("position_embedding", c.position_embedding, ("auto", "learned", "none"))
+    if c.schedule == "cosine_epochs" and c.warmup_steps:
+        raise ValueError(f"warmup_steps={c.warmup_steps} is not allowed with "
+                         "schedule='cosine_epochs': warm up with schedule='cosine'")
+    if c.mlp and c.block != "pre_norm":
+        raise ValueError(f"mlp=True is not allowed with block={c.block!r}: that block has no "
+                         "MLP sublayer; use block='pre_norm'")
     for key in ("d_model", "n_layers", "num_train", "num_test", "batch_size", "max_steps",
                 "eval_every"):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
-    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "aux_loss_weight"):
+    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe"):
         if not getattr(c, key) >= 0:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 0")
+    for key in ("beta2", "dropout"):
+        if not 0 <= getattr(c, key) < 1:
+            raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be in [0, 1)")
     if not 0 < c.target_acc <= 1:
         raise ValueError(f"target_acc={c.target_acc} is not allowed: it must be in (0, 1]")
     if not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
@@ -184,7 +290,8 @@ def resolve_device(name):
 
 
 # ----------------------------------------------------------------------------------------
-# the model (SPEC §4)
+# the model (Section 4.3 and appendix E: token embedding tied with the head, L blocks,
+# final LayerNorm; learned positions for attention only)
 
 class MLP(nn.Module):
     def __init__(self, d_model):
@@ -197,29 +304,45 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x = x + mixer(LN(x)); x = x + MLP(LN(x)) if mlp."""
+    """One residual block around a mixer; `kind` is one of BLOCKS.
 
-    def __init__(self, mixer, d_model, mlp):
+    pre_norm      x = x + mixer(LN₁(x)), then x = x + MLP(LN₂(x)) if mlp: the pre-norm block
+                  the paper's text describes. Without an MLP it has one sublayer.
+    identity_mlp  x = x + mixer(LN₁(x)), then x = x + LN₂(x): what the official
+                  TransformerBlock (zoology/model.py) computes with state_mixer=Identity, as
+                  every Figure 2 model but Mamba ran. It returns (norm2(residual), residual)
+                  and the next block, or the final norm, adds the two: "no MLP" there is the
+                  identity in the MLP's place, not a missing second sublayer.
+    rms_pre_norm  x = x + mixer(RMSNorm(x)): the official MambaBlock (Figure 2's Mamba).
+    """
+
+    def __init__(self, mixer, d_model, kind="pre_norm", mlp=False):
         super().__init__()
-        self.norm1, self.mixer = nn.LayerNorm(d_model), mixer
-        self.norm2 = nn.LayerNorm(d_model) if mlp else None
+        self.kind, self.mixer = kind, mixer
+        self.norm1 = (nn.RMSNorm(d_model, eps=1e-5) if kind == "rms_pre_norm"
+                      else nn.LayerNorm(d_model))
+        self.norm2 = nn.LayerNorm(d_model) if mlp or kind == "identity_mlp" else None
         self.mlp = MLP(d_model) if mlp else None
+
+    def _second_sublayer(self, x):
+        if self.mlp is not None:
+            return x + self.mlp(self.norm2(x))
+        return x + self.norm2(x) if self.kind == "identity_mlp" else x
 
     def forward(self, x, tokens):
         # selective attention's programmatic rule reads token ids; no other mixer sees them
         extra = {"tokens": tokens} if getattr(self.mixer, "takes_tokens", False) else {}
-        x = x + self.mixer(self.norm1(x), **extra)
-        return x + self.mlp(self.norm2(x)) if self.mlp is not None else x
+        return self._second_sublayer(x + self.mixer(self.norm1(x), **extra))
 
     def step(self, x_t, state, token):
         extra = {"token": token} if getattr(self.mixer, "takes_tokens", False) else {}
         y_t, state = self.mixer.step(self.norm1(x_t), state, **extra)
-        x_t = x_t + y_t
-        return (x_t + self.mlp(self.norm2(x_t)) if self.mlp is not None else x_t), state
+        return self._second_sublayer(x_t + y_t), state
 
 
 # mixers that have no notion of order but the causal mask: they get learned positions by
-# default, as attention does in the official configs (SPEC §4)
+# default, as attention does in the official configs (max_position_embeddings = N for
+# attention only)
 ATTENTION_LIKE = ("attention", "sliding_window", "blocked_attention")
 
 
@@ -234,27 +357,12 @@ class LanguageModel(nn.Module):
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
                    all(name in ATTENTION_LIKE for name, _ in layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
+        self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(MIXERS[name](c.d_model, c.seq_len, **kwargs), c.d_model, c.mlp)
+            Block(MIXERS[name](c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
             for name, kwargs in layers)
         self.norm = nn.LayerNorm(c.d_model)
-        self._init_weights(c.n_layers)
-
-    def _init_weights(self, n_layers):
-        """SPEC §4: weights N(0, 0.02), output projections N(0, 0.02/√(2L)), biases 0.
-
-        Only Linear and Embedding weights are touched, and not those inside an implicit
-        filter: a mixer's own parameters (filters, decays, SSM parameters) keep the
-        initialisation its class gives them.
-        """
-        own = {id(m) for f in self.modules() if isinstance(f, ImplicitFilter)
-               for m in f.modules()}
-        for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in own:
-                std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("out_proj") else 0.02
-                nn.init.normal_(module.weight, 0.0, std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        init_weights(self, c.init, c.n_layers, c.block)
 
     def forward(self, tokens):
         """tokens (B, T) -> final hidden states (B, T, D); `logits` turns rows into scores."""
@@ -262,13 +370,14 @@ class LanguageModel(nn.Module):
         x = self.embed(tokens)
         if self.pos is not None:
             x = x + self.pos(torch.arange(T, device=tokens.device))
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, tokens)
         return self.norm(x)
 
     def aux_loss(self):
-        """Sum of the auxiliary losses the mixers left from the last forward (Section 5's
-        learned selection: (1/N)·max(0, Σ f(u)[i] - k)); 0 when no mixer has one."""
+        """Sum of the auxiliary losses the mixers left from the last forward, each already
+        weighted by its mixer (Section 5's learned selection); 0 when no mixer has one."""
         losses = [m.aux_loss for m in self.modules() if getattr(m, "aux_loss", None) is not None
                   and isinstance(m.aux_loss, torch.Tensor)]
         return sum(losses) if losses else 0.0
@@ -280,6 +389,7 @@ class LanguageModel(nn.Module):
         x = self.embed(token)
         if self.pos is not None:
             x = x + self.pos.weight[position]
+        x = self.drop(x)
         states = states or [None] * len(self.blocks)
         new_states = []
         for block, state in zip(self.blocks, states):
@@ -290,6 +400,57 @@ class LanguageModel(nn.Module):
     def logits(self, hidden):
         """(..., D) -> (..., c): the head is the token embedding, transposed."""
         return hidden @ self.embed.weight.T
+
+
+def init_weights(model, scheme, n_layers, block="pre_norm"):
+    """Initialise the Linear and Embedding layers of `model` by one of INITS.
+
+    normal  every Linear and Embedding weight N(0, 0.02), biases 0, outside the modules that
+            keep their own initialisation (class attribute `keeps_own_init`: Mamba, whose Δ
+            and projections are initialised as Gu & Dao's, and the implicit filters, whose
+            MLPs must start as non-trivial filters). The CPU default.
+    gpt2    the official `_init_weights` (zoology/model.py) as the Figure 2 runs used it:
+            every Linear and Embedding weight N(0, 0.02) and bias 0, implicit filters' MLPs
+            included; then the output projections it rescales N(0, 0.02/√(2L)) (GPT-2's
+            depth scaling). It rescales parameters named "out_proj.weight" or "fc2.weight":
+            attention's, Hyena's, selective attention's and the MLP's output layers, not
+            H3's (output_linear there), RWKV's (output) or Based's (proj_o): mixer classes say
+            so with `rescale_out_proj = False`. With the Mamba block (rms_pre_norm) the
+            official code takes its Mamba branch instead: Embedding weights N(0, 0.02),
+            Linear biases 0, each mixer's out_proj drawn as PyTorch's default and divided by
+            √L; everything else keeps the mixer's own initialisation.
+    """
+    def own_init_modules():
+        return {id(sub) for m in model.modules() if getattr(m, "keeps_own_init", False)
+                for sub in m.modules()}
+
+    if scheme == "gpt2" and block == "rms_pre_norm":
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+            elif isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for b in model.blocks:
+            if hasattr(b.mixer, "out_proj"):
+                b.mixer.out_proj.reset_parameters()
+                with torch.no_grad():
+                    b.mixer.out_proj.weight /= math.sqrt(n_layers)
+        return
+    skip = own_init_modules() if scheme == "normal" else set()
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in skip:
+            nn.init.normal_(module.weight, 0.0, 0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    if scheme == "gpt2":
+        for b in model.blocks:
+            parts = [b.mlp] if b.mlp is not None else []
+            if getattr(b.mixer, "rescale_out_proj", True):
+                parts.append(b.mixer)
+            for part in parts:
+                for name, module in part.named_modules():
+                    if name.split(".")[-1] == "out_proj":
+                        nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * n_layers))
 
 
 def labelled_loss(model, inputs, labels):
@@ -326,23 +487,57 @@ def evaluate(model, inputs, labels, batch_size=500):
     return correct / total
 
 
+def evaluation(model, x_test, y_test, config, final=False):
+    """{"probe_acc": .., "test_acc": ..}: the first eval_probe test examples, then, only if
+    they pass target_acc (or on the final step), the whole test set. The stopping rule reads
+    "test_acc" only, so a run stops on the whole set's accuracy; the probe saves most
+    evaluations their cost (the whole set is 3,000 examples, ~6x a probe of 500)."""
+    c, scores = config, {}
+    if 0 < c.eval_probe < len(x_test) and not final:
+        scores["probe_acc"] = evaluate(model, x_test[:c.eval_probe], y_test[:c.eval_probe])
+        if scores["probe_acc"] <= c.target_acc:
+            return scores
+    scores["test_acc"] = evaluate(model, x_test, y_test)
+    return scores
+
+
 # ----------------------------------------------------------------------------------------
 # the training loop
 
 def make_optimizer(model, config):
-    """AdamW; weight decay on matrices only (not biases, norms or 1-d parameters)."""
+    """AdamW with betas (0.9, beta2). Weight decay on every parameter if decay_all (as the
+    official trainer), else on matrices only (not biases, norms or other 1-d parameters)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
+    if config.decay_all:
+        groups = [{"params": params, "weight_decay": config.weight_decay}]
+    else:
+        groups = [{"params": [p for p in params if p.dim() >= 2],
+                   "weight_decay": config.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2))
+
+
+def steps_per_epoch(config):
+    """Batches in one pass over the training set; the last one may be partial."""
+    return math.ceil(config.num_train / config.batch_size)
 
 
 def lr_at(step, config):
-    """Linear warmup to lr over warmup_steps, then cosine decay to 0 at max_steps."""
-    if step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
-    return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    """The learning rate of (0-based) step `step`.
+
+    "cosine": linear warmup to lr over warmup_steps, then cosine decay to 0 at max_steps.
+    "cosine_epochs": constant within an epoch, lr·(1 + cos(π e/E))/2 in epoch e of the
+    E = ⌈max_steps / steps_per_epoch⌉ epochs: PyTorch's CosineAnnealingLR(T_max=E) stepped
+    after every epoch, as the official trainer does (zoology/train.py).
+    """
+    c = config
+    if c.schedule == "cosine_epochs":
+        epoch, epochs = step // steps_per_epoch(c), math.ceil(c.max_steps / steps_per_epoch(c))
+        return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, epoch / epochs)))
+    if step < c.warmup_steps:
+        return c.lr * (step + 1) / c.warmup_steps
+    progress = (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps)
+    return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def run_name(config):
@@ -376,20 +571,22 @@ def train(config):
         model = LanguageModel(c).to(device)
     optimizer = make_optimizer(model, c)
     order = torch.Generator().manual_seed(c.seed)  # batch order
-    history, step, acc, ended = [], 0, 0.0, "max_steps"
-    batches_per_epoch = c.num_train // c.batch_size or 1
-    bar = tqdm(total=c.max_steps, desc=run_name(c), disable=not c.progress, leave=False)
+    history, step, acc, ended = [], 0, 0.0, None   # ended: why the run stopped
+    stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
+    bar = tqdm(total=stop, desc=run_name(c), disable=not c.progress, leave=False)
+    train_start = time.perf_counter()
     try:
-        while step < c.max_steps:
-            perm = torch.randperm(c.num_train, generator=order)
-            for b in range(batches_per_epoch):
+        while ended is None:
+            perm = (torch.randperm(c.num_train, generator=order) if c.shuffle
+                    else torch.arange(c.num_train))
+            for b in range(steps_per_epoch(c)):
                 idx = perm[b * c.batch_size:(b + 1) * c.batch_size]
                 inputs, labels = x_train[idx].to(device), y_train[idx].to(device)
                 lr = lr_at(step, c)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 loss, _, _ = labelled_loss(model, inputs, labels)
-                loss = loss + c.aux_loss_weight * model.aux_loss()
+                loss = loss + model.aux_loss()
                 if not torch.isfinite(loss):
                     ended = "diverged"
                     print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
@@ -402,23 +599,25 @@ def train(config):
                 optimizer.step()
                 step += 1
                 bar.update(1)
-                if step % c.eval_every == 0 or step == c.max_steps:
-                    acc = evaluate(model, x_test, y_test)
-                    history.append({"step": step, "loss": loss.item(), "test_acc": acc})
-                    bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.3f}")
-                    if acc > c.target_acc:
+                if step % c.eval_every == 0 or step == stop:
+                    scores = evaluation(model, x_test, y_test, c, final=step == stop)
+                    history.append({"step": step, "loss": loss.item(), **scores,
+                                    "seconds": round(time.perf_counter() - train_start, 2)})
+                    acc = scores.get("test_acc", acc)
+                    bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{min(scores.values()):.3f}")
+                    if scores.get("test_acc", 0.0) > c.target_acc:
                         ended = "target_reached"
                         break
-                if step >= c.max_steps:
+                if step >= stop:
+                    ended = "max_steps" if stop == c.max_steps else "budget_steps"
                     break
-            if ended != "max_steps":
-                break
     except KeyboardInterrupt:
         ended = "interrupted"
     finally:
         bar.close()
     record = {
         "config": dataclasses.asdict(c), "test_acc": acc, "steps": step, "ended": ended,
+        "train_time_s": round(time.perf_counter() - train_start, 2),
         "wall_time_s": round(time.perf_counter() - start, 2), "seed": c.seed,
         "device": str(device), "torch": torch.__version__,
         "n_params": sum(p.numel() for p in model.parameters()), "history": history,
@@ -486,39 +685,71 @@ def print_table(records):
     from rich.console import Console
     from rich.table import Table
     table = Table(title="MQAR test accuracy (argmax over the whole vocabulary)")
-    for col in ("mixer", "N", "D", "d", "lr", "steps", "test acc", "seconds", "ended"):
+    for col in ("mixer", "N", "D", "d", "lr", "seed", "steps", "test acc", "train s", "ended"):
         table.add_column(col, justify="right")
     for r in records:
         c = r["config"]
         table.add_row(c["mixer"], str(c["seq_len"]), str(c["num_kv_pairs"]), str(c["d_model"]),
-                      f"{c['lr']:g}", str(r["steps"]), f"{r['test_acc']:.3f}",
-                      f"{r['wall_time_s']:.0f}", r["ended"])
+                      f"{c['lr']:g}", str(c["seed"]), str(r["steps"]), f"{r['test_acc']:.3f}",
+                      f"{r['train_time_s']:.1f}", r["ended"])
     Console(width=None if sys.stdout.isatty() else 120).print(table)
 
 
+def summarize(records):
+    """One line over runs that differ only in seed: how many passed the target, and the
+    median and range of their steps and training seconds, a run that never passed counting
+    as longer than any that did (its figure then prints as "> n", n its last step)."""
+    def spread(values, finished):
+        ranked = sorted(zip([not f for f in finished], values))   # unfinished runs last
+        n = len(ranked)
+        def show(i):
+            unfinished, value = ranked[i]
+            return f"> {value:g}" if unfinished else f"{value:g}"
+        if n % 2 or ranked[n // 2][0]:
+            median = show(n // 2)
+        else:
+            median = f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}"
+        return f"median {median} (min {show(0)}, max {show(n - 1)})"
+    finished = [r["ended"] == "target_reached" for r in records]
+    return (f"{sum(finished)}/{len(records)} runs passed test accuracy "
+            f"{records[0]['config']['target_acc']}; steps "
+            f"{spread([r['steps'] for r in records], finished)}; training seconds "
+            f"{spread([r['train_time_s'] for r in records], finished)}")
+
+
 def main(argv):
+    """The command line: one training run, --seeds=N runs (seeds seed .. seed+N-1), --bench."""
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         for f in dataclasses.fields(Config):
             print(f"  --{f.name}={getattr(Config(), f.name)}")
         return 0
     bench_mode = "--bench" in argv
+    seeds = [a for a in argv if a.startswith("--seeds=")]
     try:
-        config = parse_overrides([a for a in argv if a != "--bench"])
+        n_seeds = _parse_value("seeds", seeds[-1].split("=", 1)[1], int) if seeds else 1
+        if n_seeds < 1:
+            raise ValueError(f"--seeds={n_seeds} is not allowed: seeds must be >= 1")
+        config = parse_overrides([a for a in argv if a != "--bench" and a not in seeds])
     except ValueError as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
     if bench_mode:
         bench(config)
         return 0
-    try:
-        record = train(config)
-    except KeyboardInterrupt:
-        print(f"interrupted; record written to {Path(config.out_dir) / run_name(config)}.json",
-              file=sys.stderr)
-        return 130
-    print_table([record])
-    print(f"record: {Path(config.out_dir) / run_name(config)}.json")
+    records = []
+    for seed in range(config.seed, config.seed + n_seeds):
+        run = dataclasses.replace(config, seed=seed)
+        try:
+            records.append(train(run))
+        except KeyboardInterrupt:
+            print(f"interrupted; record written to {Path(run.out_dir) / run_name(run)}.json",
+                  file=sys.stderr)
+            return 130
+        print(f"record: {Path(run.out_dir) / run_name(run)}.json")
+    print_table(records)
+    if n_seeds > 1:
+        print(summarize(records))
     return 0
 
 
