@@ -1,6 +1,6 @@
 """Sequence mixers for Zoology (Arora et al., 2023), each runnable in parallel and token by token.
 
-Implements SPEC §3 (../shared/paper/SPEC.md), the mixers of Figure 2 and Figure 6:
+The mixers of Figure 2 and Figure 6 (appendix H.2 defines the gated convolutions):
   attention          softmax(QKᵀ/√d_h + causal mask) V, multi-head, output projection
                      (Vaswani et al., 2017; the baseline of Figure 2).
   sliding_window     attention restricted to the last W tokens (appendix F.1, Figure 6).
@@ -8,10 +8,10 @@ Implements SPEC §3 (../shared/paper/SPEC.md), the mixers of Figure 2 and Figure
   short_conv         depthwise causal convolution with a short filter (K = 3).
   long_conv          causal convolution with a filter as long as the sequence, explicit or
                      implicit (Table 1's "long conv"; Fu et al., 2023b).
-  base_conv          y = (u·W + b1) ⊙ (h ∗ u + b2) (Section 4; appendix H.2), and the form
-                     of the official code, y = (h ∗ u) ⊙ (u·W + b) + u.
+  base_conv          y = (u·W + b1) ⊙ (h ∗ u + b2) (Section 4), and the form of the
+                     official code, y = conv(u) ⊙ (u·W + b) + u.
   hyena              Algorithm 3 of appendix H.2.1: z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1})
-                     (Poli et al., 2023).
+                     (Poli et al., 2023), and the official order-2 operator.
   h3                 q ⊙ SSM_diag(SSM_shift(k) ⊙ v) (Fu et al., 2023a; its diagonal SSM is
                      S4D, Gu et al., 2022).
 and the recurrences, linear attention and hybrids the paper studies or names:
@@ -25,6 +25,13 @@ and the recurrences, linear attention and hybrids the paper studies or names:
                      chunked scan (fast).
   selective_attention  Section 5: attention whose output row i is kept only where
                      f(u)[i] = 1, f programmatic, learned or random.
+
+Two forms, where the paper and the code behind its figures differ. Where the paper's text
+(or the mixer's own paper) defines the operator, that form is the default, form="paper".
+Where the official code (HazyResearch/zoology, read at commit d88d6f5) trained something
+else for a figure, form="official" computes that, and its docstring names the file and each
+difference; test_all.py checks every official form against a literal transcription of the
+official forward. train.py's `--preset=figure2` assembles the forms Figure 2 used.
 
 The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`):
   forward(x)          x (B, T, D) -> y (B, T, D), causal: y[:, t] depends on x[:, :t+1] only.
@@ -103,7 +110,7 @@ def state_numel(state):
 
 
 # ----------------------------------------------------------------------------------------
-# attention and its masks (SPEC §3; Figure 2's baseline, Figure 6's window and blocks)
+# attention and its masks (Figure 2's baseline; the window and blocks of Figure 6, appendix F.1)
 
 def causal_mask(T, device=None):
     """(T, T) bool, True where query i may attend to key j: j <= i."""
@@ -261,7 +268,7 @@ class BlockedAttention(Attention):
 
 
 # ----------------------------------------------------------------------------------------
-# causal convolution: the one operator every convolving mixer shares (SPEC §3, §7)
+# causal convolution: the one operator every convolving mixer shares (appendix H.1's u ∗ h)
 
 SHORT_FILTER = 16  # the fast form convolves directly up to this many taps, by FFT beyond
 
@@ -289,7 +296,8 @@ def causal_conv_fft(u, h):
     """The same sum by FFT, O(B·D·T log T), the fast form for long filters.
 
     FFT multiplication is a cyclic convolution; zero-padding both signals to 2T makes it
-    the linear one, u ∗ h = iFFT(FFT(u)·FFT(h)) (SPEC §7), and we keep the first T outputs.
+    the linear one, u ∗ h = iFFT(FFT(u)·FFT(h)), and we keep the first T outputs (without
+    the padding the same formula gives the cyclic convolution u ⊛ h: test_all.py shows it).
     """
     B, T, D = u.shape
     n = 2 * T
@@ -444,7 +452,7 @@ FILTERS = {"explicit": ExplicitFilter, "implicit": ImplicitFilter, "mlp": MLPFil
 
 
 # ----------------------------------------------------------------------------------------
-# short and long convolutions (SPEC §3)
+# short and long convolutions (appendix H.2)
 
 class Convolution(nn.Module):
     """y = h ∗ u per channel, no projections: the shared body of ShortConv and LongConv.
@@ -472,7 +480,7 @@ class Convolution(nn.Module):
 
 
 class ShortConv(Convolution):
-    """Depthwise causal convolution with a short explicit filter, K = 3 by default (SPEC §3).
+    """Depthwise causal convolution with a short explicit filter, K = 3 by default.
 
     The official ShortConvolution (an nn.Conv1d) also adds a per-channel bias; we do not.
     """
@@ -483,10 +491,11 @@ class ShortConv(Convolution):
 
 
 class LongConv(Convolution):
-    """Causal convolution with a filter of seq_len taps (Table 1's long conv; SPEC §3).
+    """Causal convolution with a filter of seq_len taps (Table 1's long conv).
 
-    filter="explicit" (default, as the official LongConvolution and Fu et al., 2023b):
-    D·seq_len parameters; "implicit": Hyena's MLP-with-decay filter. Inputs longer than
+    filter="explicit" (default, Fu et al., 2023b): D·seq_len parameters; "implicit":
+    Hyena's MLP-with-decay filter; "mlp": the official BaseConv's ReLU MLP. (The official
+    LongConvolution's filter is explicit too, but its fft_conv also adds u.) Inputs longer than
     seq_len are convolved with the filter as it is (zero past seq_len taps).
     `step` keeps the input history, state min(t, seq_len-1)·D = t·D for t < seq_len: a
     generic long filter has no smaller state.
@@ -887,7 +896,7 @@ def _pad_to_chunks(x, chunk_size, dim):
 
 
 # ----------------------------------------------------------------------------------------
-# RWKV-4 time mixing (SPEC §3; Peng et al., 2023, eq. 14-16)
+# RWKV-4 time mixing (appendix H.2; Peng et al., 2023, eq. 14-16)
 #
 # wkv_t = (Σ_{i<t} e^{-(t-1-i)w + k_i} v_i + e^{u + k_t} v_t)
 #       / (Σ_{i<t} e^{-(t-1-i)w + k_i}     + e^{u + k_t})
@@ -1072,7 +1081,7 @@ class RWKV(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
-# RetNet multi-scale retention (SPEC §3; Sun et al., 2023, eq. 5-9)
+# RetNet multi-scale retention (appendix H.2; Sun et al., 2023, eq. 5-9)
 #
 # recurrent  S_t = γ S_{t-1} + k_tᵀ v_t,  y_t = q_t S_t
 # parallel   Y = (Q Kᵀ ⊙ Dγ) V,  Dγ[n, m] = γ^{n-m} for n >= m else 0
@@ -1201,7 +1210,7 @@ class RetNet(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
-# Based linear attention (SPEC §3; Arora et al., 2024, "Simple linear attention language
+# Based linear attention (Arora et al., 2024, "Simple linear attention language
 # models balance the recall-throughput tradeoff", §3)
 #
 # φ(x) = [1, x / d'^{1/4}, vec(x xᵀ) / (√2 · √d')],  so  φ(q)·φ(k) = 1 + q·k/√d' + (q·k)²/(2d')
@@ -1361,7 +1370,7 @@ class Based(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
-# Mamba, the selective SSM (SPEC §3; Gu & Dao, 2023, Algorithm 2 and §3.6)
+# Mamba, the selective SSM (Gu & Dao, 2023, Algorithm 2 and §3.6)
 #
 # h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h (d_inner, N), A = -exp(A_log) (d_inner, N)
 # y_t = C_t h_t + D ⊙ x_t
@@ -1707,7 +1716,8 @@ MIXERS = {
 # benchmark: fast form vs reference for every mixer
 
 BENCH_VARIANTS = [("long_conv", dict(filter="implicit")), ("base_conv", dict(kernel_size=3)),
-                  ("base_conv", dict(form="paper"))]
+                  ("base_conv", dict(form="official")), ("hyena", dict(form="official")),
+                  ("h3", dict(form="official", head_dim=2))]
 
 
 def _forward_seconds(mixer, x, budget=1.0, max_calls=10):

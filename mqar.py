@@ -1,10 +1,10 @@
 """Synthetic associative-recall data for Zoology (Arora et al., 2023).
 
-Implements, in the order of ../shared/paper/SPEC.md:
-  §1  Procedure 1 (appendix E): multi-query associative recall, `multiquery_ar`;
-      and the older single-query AR task it replaces, `associative_recall`.
-  §2  Appendix G: key-value bigram sequences over a pretrained model's vocabulary,
-      for measuring AR perplexity without training, `bigram_recall_sequences`.
+Implements, in the order of the paper:
+  Procedure 1 (appendix E): multi-query associative recall, `multiquery_ar`; and the older
+      single-query AR task it replaces, `associative_recall`.
+  Appendix G: key-value bigram sequences over a pretrained model's vocabulary, for
+      measuring AR perplexity without training, `bigram_recall_sequences`.
 
 Glossary (code name -> paper symbol):
   vocab_size   c = |C|     vocabulary; keys come from [1, c/2), values from [c/2, c)
@@ -114,11 +114,11 @@ def sample_weighted_without_replacement(rng, num_rows, k, probs):
 
 
 # ----------------------------------------------------------------------------------------
-# §1 Procedure 1: multi-query associative recall
+# Procedure 1: multi-query associative recall
 
 def multiquery_ar(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4, power_a=0.01,
                   random_non_queries=False, seed=0):
-    """MQAR examples in the official layout (Procedure 1, appendix E; SPEC §1).
+    """MQAR examples in the official layout (Procedure 1, appendix E).
 
     Each row: `k1 v1 k2 v2 ... kD vD` at positions 0..2D-1, keys distinct from [1, c/2),
     values distinct from [c/2, c). After the context there are space = (N - 2D) // 2 query
@@ -202,10 +202,10 @@ def multiquery_ar_per_example(num_examples, vocab_size=8192, seq_len=64, num_kv_
 
 
 # ----------------------------------------------------------------------------------------
-# §1, last paragraph: the older single-query AR task, for contrast
+# the older single-query AR task (Section 3), for contrast
 
 def associative_recall(num_examples, vocab_size=40, seq_len=33, seed=0):
-    """Single-query associative recall, as in the H3 / Hyena synthetics (SPEC §1).
+    """Single-query associative recall, as in the H3 / Hyena synthetics (Section 3).
 
     A small vocabulary (≤ 40 in those papers, below the model width), D = (N - 1) // 2
     pairs `k1 v1 ... kD vD` with distinct keys from [1, c/2) and values from [c/2, c)
@@ -239,11 +239,11 @@ def associative_recall(num_examples, vocab_size=40, seq_len=33, seed=0):
 
 
 # ----------------------------------------------------------------------------------------
-# §2 Appendix G: bigram sequences for AR perplexity of a pretrained model
+# Appendix G: bigram sequences for AR perplexity of a pretrained model
 
 def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_len=1024,
                             seed=0):
-    """Sequences for the appendix G measurement (SPEC §2): inference only, no labels.
+    """Sequences for the appendix G measurement: inference only, no labels.
 
     Each row holds P = num_pairs key-value bigrams, each appearing twice, on 4P of the
     seq_len positions; every other position holds the one `filler_id`. The 2P bigram

@@ -81,7 +81,7 @@ def query_slots(inputs, num_kv_pairs):
 
 
 def check_mqar_layout(inputs, labels, vocab_size, num_kv_pairs, random_non_queries=False):
-    """Assert every invariant of the official layout (SPEC §1) on a batch."""
+    """Assert every invariant of the official layout (Procedure 1) on a batch."""
     B, N = inputs.shape
     D, c = num_kv_pairs, vocab_size
     assert inputs.dtype == labels.dtype == torch.int64 and labels.shape == (B, N)
@@ -1672,7 +1672,7 @@ def test_three_convolutions_agree(n, cyclic):
 
 
 def test_fft_without_padding_is_cyclic_not_linear():
-    """Erratum (SPEC §7): u * k = iFFT(FFT(u) FFT(k)) only with zero padding to 2N."""
+    """Erratum: u * k = iFFT(FFT(u) FFT(k)) only with zero padding to 2N."""
     for n in (8, 32):
         u, v = rand(n, seed=n), rand(n, seed=n + 1)
         unpadded = torch.fft.irfft(torch.fft.rfft(u) * torch.fft.rfft(v), n=n)
@@ -1682,7 +1682,7 @@ def test_fft_without_padding_is_cyclic_not_linear():
 
 @pytest.mark.parametrize("n", [2, 9, 32])
 def test_cyclic_identity_filter_does_not_reverse(n):
-    """Erratum (SPEC §7): 'cyclic convolution with the identity filter reverses the sequence'."""
+    """Erratum: 'cyclic convolution with the identity filter reverses the sequence'."""
     u = rand(4, n, seed=n)
     e0 = torch.zeros(4, n, dtype=F64)
     e0[:, 0] = 1
@@ -1997,7 +1997,7 @@ def test_thm_4_5_input_dependent_filters(N, D, c):
 
 
 def test_thm_4_5_top_autocorrelation_lags_can_miss_and_can_suffice():
-    """Erratum (SPEC §7): top-t autocorrelation lags need not cover the needed distances."""
+    """Erratum of H.8: top-t autocorrelation lags need not cover the needed distances."""
     c = 24
     # filler layout: the filler correlates with itself at every even lag, so every
     # example's top-t lags miss a needed distance and the construction then fails
@@ -2444,16 +2444,22 @@ def test_readme_python_snippets_run():
 
 
 def test_readme_main_command_solves_mqar(tmp_path):
-    """Runs the README's main command exactly as written (in a scratch folder, so its
-    results land there) and checks that attention solved MQAR: a real training run."""
+    """The README's two commands are `make run` and `make test`, .ci/run runs `make test`,
+    and the Makefile's targets run train.py and the test suite in the venv it sets up. This
+    runs what `make run` runs, `python train.py`, in this interpreter (in a scratch folder,
+    so that its results land there), and checks that attention solved MQAR: a real
+    training run. (`bash .ci/run` on a clean clone runs the set-up itself.)"""
     commands = [line.strip() for block in readme_blocks("bash") for line in block.splitlines()]
-    assert "python train.py" in commands
-    assert "python -m pytest -q test_all.py" in commands
+    assert commands[:2] == ["make run", "make test"], commands
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^run: .*\n\t\$\(PYTHON\) train\.py \$\(ARGS\)$", makefile, re.M)
+    assert re.search(r"^test: .*\n\t\$\(PYTHON\) -m pytest -q test_all\.py$", makefile, re.M)
+    assert (REPO / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
     out = subprocess.run([sys.executable, str(REPO / "train.py")], capture_output=True,
                          text=True, cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     records = [json.loads(p.read_text()) for p in (tmp_path / "results").rglob("*.json")]
     attention = [r for r in records if r["config"]["mixer"] == "attention"]
-    assert attention and all(r["test_acc"] >= 0.99 for r in attention)
+    assert attention and all(r["test_acc"] > 0.99 for r in attention)
     assert all(r["ended"] == "target_reached" for r in attention)
     assert "test acc" in out.stdout

@@ -1,15 +1,15 @@
 """Appendix H of Zoology (Arora et al., 2023), executable and checked on random instances.
 
-Implements, in the order of the paper (../shared/paper/SPEC.md §5, §7; the verbatim text of
-H.1-H.2.1 is ../shared/paper/000_6e9fd838bb265915.txt):
+Implements, in the order of the paper's appendix H:
   H.1     notation: poly, poly*, coeff; linear and cyclic convolution three ways; Hadamard.
   H.1     arithmetic circuits (Def H.1): size, depth, width, degree.
   H.2     the (N, L, d, N', d') gated convolution model (Def H.2): zero-padding embedding and
           top-left read-out; K-matrices (Def H.3, H.17): butterfly factors and products.
-  §4/H.3  BaseConv y = (uW + b1) ⊙ (h * u + b2), its stacks and primitives (projection,
-          convolution, gate, shift_down, shift_up, add, stacking, remember).
-  §4.2    MQAR constructions: Prop 4.3 (attention, 2 layers), Thm 4.4 (input-independent
-          filters, width ~ N), Thm 4.5 (input-dependent filters, autocorrelation lags).
+  H.3     BaseConv y = (uW + b1) ⊙ (h * u + b2) (Section 4), its stacks and primitives
+          (projection, convolution, gate, shift_down, shift_up, add, stacking, remember).
+  H.7-8   MQAR constructions of Section 4: Prop 4.3 (attention, 2 layers), Thm 4.4
+          (input-independent filters, width ~ N; H.7), Thm 4.5 (input-dependent filters,
+          autocorrelation lags; H.8).
   H.5     arithmetic circuits compiled into BaseConv stacks (Thm H.5).
   Thm 4.2 the Hyena, H3, RetNet and RWKV layers of mixers.py (random, float64) as BaseConv
           stacks with weights set from the layer: Hyena and H3 exactly; RetNet up to its
@@ -40,7 +40,7 @@ sequence is the second-to-last axis of u (..., N, d) and every channel is convol
 own filter (the paper's column-wise extension). Computations run in float64 so that checks
 of exact constructions can use tight tolerances.
 
-Errata of the printed paper (SPEC §7) each have a test showing the printed form fails:
+Errata of the printed paper each have a test showing the printed form fails:
 shift_down uses the filter X^s (not X^{s+1}); cyclic convolution with the identity filter
 is the identity, it does not reverse; the attention construction needs a causal mask;
 top-t autocorrelation lags need not cover the needed distances; an FFT convolution needs
@@ -126,7 +126,8 @@ def conv_poly(u, v):
 
 
 def conv_fft(u, v):
-    """u * v = iFFT(FFT(u) FFT(v)) with both zero-padded to 2n, then the first n (SPEC §7).
+    """u * v = iFFT(FFT(u) FFT(v)) with both zero-padded to 2n, then the first n: a linear, not
+    cyclic, convolution needs the padding (an erratum of the printed paper).
 
     Without the padding the FFT product is the cyclic convolution (see cyclic_conv_fft).
     """
@@ -616,7 +617,7 @@ def _check_shift(s, Np):
 def shift_down(Np, dp, s):
     """shift_down(u, s)[i] = u[i - s] (0 for i < s): one causal layer with filter X^s (H.3).
 
-    Erratum (SPEC §7): one place of the paper writes the filter as X^{s+1}; that shifts by s+1.
+    Erratum of the printed paper: one place of it writes the filter as X^{s+1}; that shifts by s+1.
     """
     _check_shift(s, Np)
     return convolution(impulse(Np, dp, s))
@@ -777,7 +778,7 @@ def mqar_attention(tokens, c, softmax=False, mask="strict"):
     below N e^{-beta}, so argmax decodes exactly.
     Deviation: the paper's input is u in {0,1}^{N x 3c}; here position one-hots drive
     layer 1, as attention in the experiments gets position embeddings.
-    Erratum (SPEC §7): the printed proof sums over all j (mask="none"); then row i also
+    Erratum of the printed proof of Prop 4.3: it sums over all j (mask="none"); then row i also
     receives x_{i+1}, whose preceding token is the query, and fails on every instance.
     mask="causal" (j <= i) fails when a query's preceding token equals it.
     Returns (predicted tokens (B, N), output scores (B, N, c)).
@@ -903,7 +904,7 @@ def mqar_input_dependent_layers(N, c, distances):
                       (W sums the M_s channels into every V_s channel)
       4. sum:         out = sum_s V_s
     Parameters: the N x d' filters, O(t N c) as in Thm 4.5 (W is a fixed 0/1 matrix).
-    The construction needs no gate that zeroes query rows (SPEC §7 on H.8): a query is never
+    The construction needs no gate that zeroes query rows (an erratum of H.8): a query is never
     matched with itself because every s >= 1.
     """
     _check_distances(distances, N)
@@ -959,7 +960,7 @@ def top_lags(tokens, c, t):
     """The t lags s >= 1 of largest autocorrelation, per row (ties to the smaller lag).
 
     The rule offered for choosing the distances of Thm 4.5. It can miss a needed distance
-    (SPEC §7): repeated filler tokens correlate at every even lag.
+    (an erratum of H.8): repeated filler tokens correlate at every even lag.
     """
     r = autocorrelation(tokens, c)[:, 1:]                                    # (B, N-1)
     order = torch.argsort(-r, dim=-1, stable=True)[:, :t] + 1
@@ -1253,7 +1254,7 @@ def retnet_as_baseconv(retnet, T):
 
 
 def wkv_filter(w, u, T):
-    """RWKV's f (T, D): f[0] = e^u, f[s] = e^{-(s-1) w} for s >= 1 (SPEC §3)."""
+    """RWKV's f (T, D): f[0] = e^u, f[s] = e^{-(s-1) w} for s >= 1 (appendix H.2)."""
     s = torch.arange(T, dtype=DTYPE)[:, None]
     return torch.where(s == 0, torch.exp(u.to(DTYPE)), torch.exp(-(s - 1) * w.to(DTYPE)))
 
@@ -1300,7 +1301,7 @@ def rwkv_as_baseconv(rwkv, T):
 # ----------------------------------------------------------------------------------------
 # H.6: the state a gated recurrence needs for MQAR (the INDEX bound), made concrete
 #
-# The argument (a counting form of the reduction from INDEX, SPEC §5): a recurrent model
+# The argument (a counting form of the reduction from INDEX, appendix H.6): a recurrent model
 # reads the context k_1 v_1 ... k_D v_D into a state s, and its answer to the first query q
 # after the context is some function f(s, q); later queries are functions of s and the
 # queries before them. So two contexts that end in the same state get the same answer to
@@ -1338,7 +1339,7 @@ def mqar_contexts(c_k, c_v, D, distinct_values=True):
     """Every MQAR context k_1 v_1 ... k_D v_D as (M, D, 2) (key, value) pairs.
 
     D distinct keys from [0, c_k) in every order; values from [0, c_v), distinct within a
-    context as in the paper's layout (SPEC §1), or with repeats (distinct_values=False).
+    context as in the paper's layout (Procedure 1), or with repeats (distinct_values=False).
     M = c_k!/(c_k-D)! * (c_v!/(c_v-D)! or c_v^D). The context has N = 2D tokens; MQAR's
     queries come after it.
     """
@@ -1377,7 +1378,7 @@ def index_bound_bits(D, c_v, distinct_values=True):
     Proved (see the section comment): the contexts of F share their keys and differ in
     some value, so every two of them disagree on a query; an exact recurrent model gives
     them pairwise distinct states. |F| = c_v!/(c_v-D)! >= (c_v-D+1)^D, or c_v^D with repeats.
-    In MQAR terms (SPEC §1: values from c/2 tokens, c > N >= 4D, so c_v - D >= c/4) this is
+    In MQAR terms (Procedure 1: values from c/2 tokens, c > N >= 4D, so c_v - D >= c/4) this is
     >= D log2(c/4) bits, and D can be N/4: Omega(N log c) bits, the Omega(N) of H.6 times
     log c. A d x d state of p-bit numbers therefore needs p d^2 >= D log2(c/4).
     Only deterministic, exact models are covered here. INDEX's Omega(n) bound also holds for
@@ -1555,7 +1556,7 @@ def report(seed=0):
     e0[0] = 1
     rev = torch.allclose(conv(u[0], e0, True), u[0].flip(-1))
     rows.append(("H.1  u*v, u⊛v: direct = poly mod = FFT", _ok(ok), "n = 7, 64"))
-    rows.append(("§7   'u ⊛ e_0 reverses u' (printed)", _ok(not rev) + " (claim false)",
+    rows.append(("erratum: 'u ⊛ e_0 reverses u' (printed)", _ok(not rev) + " (claim false)",
                  "u ⊛ e_0 = u"))
 
     cs = [random_circuit(3, 1 + k % 4, 1 + k % 3, seed=seed + k) for k in range(8)]
@@ -1589,7 +1590,7 @@ def report(seed=0):
     printed = torch.allclose(baseconv_stack(u, convolution(impulse(Np, dp, s + 1))), down)
     rows.append(("H.3  shift_down, shift_up (1 cyclic layer), remember", _ok(ok),
                  "1, 1, L layers"))
-    rows.append(("§7   shift_down filter X^{s+1} (printed)", _ok(not printed) + " (fails)",
+    rows.append(("erratum: shift_down filter X^{s+1} (printed)", _ok(not printed) + " (fails)",
                  "X^s is right"))
 
     for N, D, c in ((64, 8, 128), (128, 16, 256)):
@@ -1625,7 +1626,7 @@ def report(seed=0):
         rows.append((f"Thm 4.5 input-dep. filters, N={N} c={c}",
                      _ok(mqar_accuracy(pred, y) == 1.0) + f" acc {mqar_accuracy(pred, y):.2f}",
                      f"L=4, d'=2ct ≤ {2 * c * t}; top-t lags cover {covered[0]}/8 (filler), "
-                     f"{covered[1]}/8 (random) [§7]"))
+                     f"{covered[1]}/8 (random) [erratum]"))
 
     cs = [(random_circuit(6, dlt, wd, seed=seed + dlt * wd), dlt, wd)
           for dlt in (2, 4, 6) for wd in (2, 4)]
