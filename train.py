@@ -52,7 +52,7 @@ from mqar import IGNORE, multiquery_ar
 
 @dataclasses.dataclass
 class Config:
-    # model (Section 4.3 and appendix E; `--preset=figure2` sets the official configuration)
+    # model (Figure 2; `--preset=figure2` sets the official configuration)
     mixer: str = "attention"          # a key of mixers.MIXERS, or one per layer: see parse_layers
     d_model: int = 64
     n_layers: int = 2
@@ -299,8 +299,8 @@ def resolve_device(name):
 
 
 # ----------------------------------------------------------------------------------------
-# the model (Section 4.3 and appendix E: token embedding tied with the head, L blocks,
-# final LayerNorm; learned positions for attention only)
+# the model of Figure 2: token embedding tied with the head, L blocks, final LayerNorm;
+# learned positions for attention only
 
 class MLP(nn.Module):
     def __init__(self, d_model):
