@@ -567,10 +567,10 @@ class BaseConv(nn.Module):
         if form == "paper":
             self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
             self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
-        elif not self.long:
+        elif not self.long:                   # an nn.Conv1d: its bias, and its taps if explicit
             self.conv_bias = nn.Parameter(torch.empty(d_model))
-            if filter == "explicit":
-                conv1d_init_(self.filter.h, self.conv_bias, fan_in=kernel_size)
+            conv1d_init_(self.conv_bias, *([self.filter.h] if filter == "explicit" else []),
+                         fan_in=kernel_size)
 
     def _check_length(self, T):
         if self.form == "paper" and T > self.seq_len:
@@ -1007,8 +1007,8 @@ class RWKV(nn.Module):
 
     x'_t = μ ⊙ x_t + (1-μ) ⊙ x_{t-1} with one μ each for r, k, v (x_{-1} = 0);
     out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel.
-    form="paper" (default): one initialisation for every layer, the layer-0 values of
-      RWKV-4's ramps over the channels i: w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i,
+    form="paper" (default): one initialisation for every layer, after RWKV-4's ramps over
+      the channels i: w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i,
       r_i = i/(D-1).
     form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
       with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the

@@ -663,6 +663,8 @@ def test_base_conv_official_short_form_is_the_official_layer():
     bound = 1 / math.sqrt(3)                 # PyTorch's Conv1d draw: U(±1/√fan_in), fan_in = K
     assert m.filter.h.abs().max() <= bound and m.conv_bias.abs().max() <= bound
     assert m.filter.h.std() > bound / 3, "drawn, not left at zero"
+    other = make_mixer("base_conv", kernel_size=3, form="official", filter="implicit")
+    assert 0 < other.conv_bias.abs().max() <= bound, "the bias is drawn whatever the filter"
     u = torch.randn(2, 24, 16, dtype=torch.float64)
     y = conv1d_as_official(m, u, m.filter.h, m.conv_bias) * m.proj(u) + u
     assert torch.allclose(m(u), y, atol=1e-12)
@@ -1338,6 +1340,13 @@ def test_cli_reports_bad_keys_without_a_traceback():
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2
     assert "unknown key --batchsize" in out.stderr and "batch_size" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_checks_seeds():
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--seeds=0"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and "--seeds=0 is not allowed" in out.stderr
     assert "Traceback" not in out.stderr
 
 
