@@ -34,37 +34,46 @@ difference; test_all.py checks every official form against a literal transcripti
 official forward. train.py's `--preset=figure2` assembles the forms Figure 2 used.
 
 The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`):
-  forward(x)          x (B, T, D) -> y (B, T, D), causal: y[:, t] depends on x[:, :t+1] only.
-  step(x_t, state)    x_t (B, D); state=None starts a sequence; returns (y_t, new_state)
+  forward(x)          x (B, T, d) -> y (B, T, d), causal: y[:, t] depends on x[:, :t+1] only.
+  step(x_t, state)    x_t (B, d); state=None starts a sequence; returns (y_t, new_state)
                       with y_t == forward(x)[:, t]. The state is a tuple of tensors whose
                       leading dimension is B.
   state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0);
                       equal to the real size of what `step` returns (the paper's "recall vs
                       memory" axis).
 States are as small as each mixer allows: a window of W tokens keeps the W-1 before the
-next token, a filter of K taps the last K-1 inputs, an SSM its d_state numbers per channel. A complex SSM state is stored as pairs of reals (torch.view_as_real),
-so the count is in real numbers.
+next token, a filter of K taps the last K-1 inputs, an SSM its d_state numbers per
+channel. A complex SSM state is stored as pairs of reals (torch.view_as_real), so the count
+is in real numbers.
 
-The math lives in pure functions on tensors (`attention_reference(q, k, v, mask)`,
-`causal_conv(u, h, impl)`, `hyena_operator(ps, v, hs, impl)`, `diagonal_ssm_kernel(...)`);
-an nn.Module only holds parameters and calls them. Where a mixer has a fast form and a
-readable reference, both take the same arguments and an `impl` argument picks one; the
-tests assert they agree.
+The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
+`hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
+an nn.Module only holds parameters and calls them. A computation with several forms keeps
+them in one dict (ATTENTION_IMPLS, CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS,
+SCAN_IMPLS): the forms of one computation take the same arguments, a module picks one by
+its `impl` option as `X_IMPLS[self.impl](...)`, and the tests assert they agree. Forms of a
+recurrence take the state before their first position (state=None: the start) and return
+(y, the state after their last), as flash-linear-attention's naive kernels do
+(initial_state, output_final_state). So `step` is a recurrence run on one token: the
+reference form of RWKV, RetNet, Based and Mamba, causal_conv with its state in the
+convolutions.
 
-Glossary (code name -> paper symbol):
-  B batch, T sequence length (the paper's N), D model width (d), H heads,
-  hs = D // H head size (d_h), c vocabulary size, W sliding window, b block size,
-  K filter length (taps), h filter (D, K) with h[:, s] the weight of lag s,
+Glossary (code name -> paper symbol; the paper's N, d and D as every file of this project
+uses them, except that a sequence's length is T here, since N is the SSMs' state size):
+  B batch, T sequence length (the paper's N), d model width (d), H heads,
+  hs = d // H head size (d_h), c vocabulary size, W sliding window, b block size,
+  K filter length (taps), h filter (d, K) with h[:, s] the weight of lag s,
   L Hyena order (Algorithm 3's L: number of gated convolutions), p^ℓ, v, z^ℓ Hyena's
   projections and iterates; an SSM has A, B, C, Δ (dt) and d_state numbers of state per
-  channel (the SSM functions call their channels D too: H·head_dim² of them in H3).
+  channel (the SSM functions call their channels d too: H·head_dim² of them in H3).
   w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ_h = 1 - 2^(-5-h);
-  d' (feature_dim) Based's feature dimension, F = 1 + d' + d'² the size of φ(x);
-  d_inner Mamba's inner width; f selective attention's row selection, k (top_k) its budget;
-  C the chunk size of a chunked form.
+  d' (feature_dim) Based's feature dimension, F = 1 + d' + d'(d'+1)/2 the size of its
+  compact φ(x); d_inner Mamba's inner width; D Mamba's and H3's skip vector (the name in
+  their papers and parameters; the number of key-value pairs, the paper's D, never occurs
+  here); f selective attention's row selection, k (top_k) its budget; C the chunk size of a
+  chunked form.
 """
 import argparse
-import inspect
 import math
 import time
 
@@ -75,9 +84,6 @@ import torch.nn.functional as F
 
 # ----------------------------------------------------------------------------------------
 # argument checks shared by the mixers
-
-IMPLS = ("fast", "reference")
-
 
 def check_choice(name, value, allowed):
     """Raise a ValueError naming `name` unless `value` is one of `allowed`."""
@@ -102,6 +108,25 @@ def check_even(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 2 or value % 2:
         raise ValueError(f"{name}={value!r} is not allowed: {name} must be an even "
                          f"integer >= 2")
+
+
+class Mixer(nn.Module):
+    """What every mixer of MIXERS is: the interface of this module's docstring (forward,
+    step, state_size), plus facts that a model reads from the class rather than from lists
+    of names, each False/None unless a mixer says otherwise:
+      uses_positions    it cannot tell positions apart (attention sees a set of keys under
+                        its mask), so a model gives it learned position embeddings;
+      takes_tokens      forward(x, tokens) and step(x_t, state, token) need the token ids;
+      keeps_own_init    a model's initialisation leaves its parameters as it drew them;
+      rescale_out_proj  the official GPT-2 initialisation rescales its `out_proj` (False
+                        where the official layer has another name for it);
+      aux_loss          set by forward: the weighted auxiliary loss that training adds to
+                        the objective (Section 5's learned selection), else None.
+    """
+
+    uses_positions = takes_tokens = keeps_own_init = False
+    rescale_out_proj = True
+    aux_loss = None
 
 
 def state_numel(state):
@@ -129,12 +154,13 @@ def block_mask(T, block_size, device=None):
     return causal_mask(T, device) & (block[:, None] == block[None, :])
 
 
-def attention_reference(q, k, v, mask=None, dropout=0.0):
+def attention_reference(q, k, v, dropout=0.0, mask=None):
     """Masked softmax attention, written out: softmax(QKᵀ/√hs + M) V, M = -inf off the mask.
 
-    q, k, v: (B, H, T, hs); mask: (T, T) bool, True where query i may attend to key j
-    (None: the causal mask); dropout: the probability of dropping an attention weight
-    (training only: pass 0 at inference). Materializes the (B, H, T, T) score matrix.
+    q, k, v: (B, H, T, hs); dropout: the probability of dropping an attention weight
+    (training only: pass 0 at inference); mask: (T, T) bool, True where query i may attend
+    to key j (None: the causal mask; the windowed references pass theirs). Materializes
+    the (B, H, T, T) score matrix.
     """
     T, hs = q.shape[-2], q.shape[-1]
     if mask is None:
@@ -145,73 +171,122 @@ def attention_reference(q, k, v, mask=None, dropout=0.0):
     return torch.einsum("bhij,bhjd->bhid", weights, v)                      # (B, H, T, hs)
 
 
-def attention_fast(q, k, v, mask=None, dropout=0.0):
-    """The same function through PyTorch's fused kernel (flash / memory-efficient on GPU).
+def attention_fast(q, k, v, dropout=0.0):
+    """The same function through PyTorch's fused kernel (flash / memory-efficient on GPU)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
 
-    With a mask the kernel still visits all T² scores: sliding-window and blocked attention
-    gain no asymptotic speed here, only the fused implementation.
+
+def sliding_window_reference(q, k, v, window, dropout=0.0):
+    """Attention under sliding_window_mask: materializes (B, H, T, T), T·W of them used."""
+    mask = sliding_window_mask(q.shape[2], window, q.device)
+    return attention_reference(q, k, v, dropout, mask)
+
+
+def sliding_window_fast(q, k, v, window, dropout=0.0):
+    """Each block of W queries attends to its own block and the one before (2W keys),
+    masked to i-W < j <= i: B·H·T·2W scores, time and memory linear in T.
+
+    T is padded to a multiple of W (the padded queries are dropped; real queries never
+    see padded keys) and the keys by W in front (block 0's "block before", masked off).
     """
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    B, H, T, hs = q.shape
+    W = window
+    if W >= T:                                  # one window holds the whole sequence
+        return attention_fast(q, k, v, dropout)
+    n = -(-T // W)                                                           # blocks
+    # query r and key s of block c are the tokens i = cW + r and j = cW - W + s
+    r, s = torch.arange(W, device=q.device)[:, None], torch.arange(2 * W, device=q.device)
+    mask = ((s > r) & (s <= r + W)).repeat(1, n, 1, 1)                      # i-W < j <= i
+    mask[:, 0, :, :W] = False                                  # block 0 has none before it
+    # mask (1, n, W, 2W): the fused CPU kernel takes 4-d masks only (else the unfused path)
+    q = F.pad(q, (0, 0, 0, n * W - T)).reshape(B * H, n, W, hs)
+    k, v = (F.pad(t, (0, 0, W, n * W - T)).reshape(B * H, (n + 1) * W, hs) for t in (k, v))
+    k, v = (t.unfold(1, 2 * W, W).transpose(2, 3) for t in (k, v))   # (B·H, n, 2W, hs), a view
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    return y.reshape(B, H, n * W, hs)[:, :, :T]                             # (B, H, T, hs)
 
 
+def blocked_attention_reference(q, k, v, block_size, dropout=0.0):
+    """Attention under block_mask: materializes (B, H, T, T), T·b of them used."""
+    mask = block_mask(q.shape[2], block_size, q.device)
+    return attention_reference(q, k, v, dropout, mask)
+
+
+def blocked_attention_fast(q, k, v, block_size, dropout=0.0):
+    """Causal attention within reshaped blocks (B·H, T/b, b, hs): B·H·T·b scores, time and
+    memory linear in T. T is padded to a multiple of b; the padded queries are dropped."""
+    B, H, T, hs = q.shape
+    b = block_size
+    if b >= T:                                  # one block holds the whole sequence
+        return attention_fast(q, k, v, dropout)
+    q, k, v = (F.pad(t, (0, 0, 0, -T % b)).reshape(B * H, -1, b, hs) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+    return y.reshape(B, H, -1, hs)[:, :, :T]                                # (B, H, T, hs)
+
+
+# every form of one computation takes the same arguments; a module picks one by `impl`
 ATTENTION_IMPLS = {"fast": attention_fast, "reference": attention_reference}
+SLIDING_WINDOW_IMPLS = {"fast": sliding_window_fast, "reference": sliding_window_reference}
+BLOCKED_ATTENTION_IMPLS = {"fast": blocked_attention_fast,
+                           "reference": blocked_attention_reference}
 
 
-class Attention(nn.Module):
+class Attention(Mixer):
     """Multi-head causal self-attention with an output projection.
 
     dropout: the probability of dropping an attention weight in training; the official
     Figure 2 configs use 0.1 (and 1 head), the default is 0. In eval mode no weight is
     dropped, so there `forward` and `step` compute one function.
-    The state of `step` is the KV cache: 2·t·D numbers after t tokens.
-    Subclasses narrow what a token sees by overriding `mask` and `cache_len`.
+    The state of `step` is the KV cache: 2·t·d numbers after t tokens.
+    Subclasses narrow what a token sees by overriding `impls`, `attend` and `cache_len`.
     """
+
+    uses_positions = True               # a set of keys under a mask: no order of its own
+    impls = ATTENTION_IMPLS             # the forms of this class's computation, by `impl`
 
     def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True):
         super().__init__()
         check_divides("num_heads", num_heads, d_model)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout={dropout!r} is not allowed: dropout must be in [0, 1)")
-        check_choice("impl", impl, tuple(ATTENTION_IMPLS))
+        check_choice("impl", impl, tuple(self.impls))
         self.num_heads, self.dropout, self.impl = num_heads, dropout, impl
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def mask(self, T):
-        """(T, T) bool of allowed (query, key) pairs; None is the plain causal mask."""
-        return None
+    def attend(self, q, k, v, dropout):
+        """(B, H, T, hs) -> (B, H, T, hs) in the form `impl` picks."""
+        return self.impls[self.impl](q, k, v, dropout)
 
     def cache_len(self, n):
         """How many of the n most recent keys/values a later token can still attend to."""
         return n
 
     def _heads(self, x):
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)
-        return [t.view(B, T, self.num_heads, D // self.num_heads).transpose(1, 2)
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        return [t.view(B, T, self.num_heads, d // self.num_heads).transpose(1, 2)
                 for t in (q, k, v)]                                          # (B, H, T, hs)
 
     def forward(self, x):
-        B, T, D = x.shape
+        B, T, d = x.shape
         q, k, v = self._heads(x)
         dropout = self.dropout if self.training else 0.0
-        y = ATTENTION_IMPLS[self.impl](q, k, v, self.mask(T), dropout)      # (B, H, T, hs)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
+        y = self.attend(q, k, v, dropout)                                    # (B, H, T, hs)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
 
     def step(self, x_t, state=None):
-        B, D = x_t.shape
+        B, d = x_t.shape
         q, k, v = self._heads(x_t[:, None])                                  # (B, H, 1, hs)
         if state is not None:
             k = torch.cat([state[0], k], dim=2)                              # (B, H, n, hs)
             v = torch.cat([state[1], v], dim=2)
         # the cache holds only keys the newest query may see: no mask needed
-        w = torch.einsum("bhd,bhjd->bhj", q[:, :, 0], k) / math.sqrt(D // self.num_heads)
+        w = torch.einsum("bhd,bhjd->bhj", q[:, :, 0], k) / math.sqrt(d // self.num_heads)
         y = torch.einsum("bhj,bhjd->bhd", w.softmax(dim=-1), v)             # (B, H, hs)
         n = k.shape[2]
         keep = n - self.cache_len(n)
-        return self.out_proj(y.reshape(B, D)), (k[:, :, keep:], v[:, :, keep:])
+        return self.out_proj(y.reshape(B, d)), (k[:, :, keep:], v[:, :, keep:])
 
     def state_size(self, t):
         return 2 * self.cache_len(t) * self.out_proj.in_features
@@ -222,10 +297,12 @@ class SlidingWindowAttention(Attention):
 
     Convention: W counts the token itself. The official code (Zoology's sliding-window
     mixer) attends to W+1 tokens, i-W..i, so its window W is our window W+1. A window
-    W >= T is exactly causal attention (the fused causal kernel is then used).
+    W >= T is exactly causal attention (the fast form then calls attention_fast).
     `step` keeps the W-1 most recent keys and values, all a later token can see:
-    state 2·min(t, W-1)·D numbers, constant in t once t >= W-1.
+    state 2·min(t, W-1)·d numbers, constant in t once t >= W-1.
     """
+
+    impls = SLIDING_WINDOW_IMPLS
 
     def __init__(self, d_model, seq_len, window=32, num_heads=1, dropout=0.0, impl="fast",
                  bias=True):
@@ -234,10 +311,8 @@ class SlidingWindowAttention(Attention):
                          bias=bias)
         self.window = window
 
-    def mask(self, T):
-        if self.window >= T:
-            return None
-        return sliding_window_mask(T, self.window, self.out_proj.weight.device)
+    def attend(self, q, k, v, dropout):
+        return self.impls[self.impl](q, k, v, self.window, dropout)
 
     def cache_len(self, n):
         return min(n, self.window - 1)
@@ -247,9 +322,11 @@ class BlockedAttention(Attention):
     """Token i attends causally within its own block of b tokens, [b·⌊i/b⌋, i] (Figure 6).
 
     `step` keeps the keys and values of the current block only: after t tokens that is
-    t mod b of them (state 2·(t mod b)·D numbers; empty right after a block fills up,
+    t mod b of them (state 2·(t mod b)·d numbers; empty right after a block fills up,
     since the next token opens a new block).
     """
+
+    impls = BLOCKED_ATTENTION_IMPLS
 
     def __init__(self, d_model, seq_len, block_size=32, num_heads=1, dropout=0.0, impl="fast",
                  bias=True):
@@ -258,10 +335,8 @@ class BlockedAttention(Attention):
                          bias=bias)
         self.block_size = block_size
 
-    def mask(self, T):
-        if self.block_size >= T:
-            return None
-        return block_mask(T, self.block_size, self.out_proj.weight.device)
+    def attend(self, q, k, v, dropout):
+        return self.impls[self.impl](q, k, v, self.block_size, dropout)
 
     def cache_len(self, n):
         return n % self.block_size
@@ -276,64 +351,59 @@ SHORT_FILTER = 16  # the fast form convolves directly up to this many taps, by F
 def causal_conv_direct(u, h):
     """y[:, t, d] = Σ_{s=0}^{min(t, K-1)} h[d, s] · u[:, t-s, d], as a loop over lags s.
 
-    u: (B, T, D), h: (D, K) with any K (taps past T never reach an output).
-    Costs O(B·T·D·K) time and O(B·T·D) memory: it never materializes a (T, T) matrix.
-    The reference form for every K, and the fast form for short filters: at (B, T, D) from
+    u: (B, T, d), h: (d, K) with any K (taps past T never reach an output).
+    Costs O(B·T·d·K) time and O(B·T·d) memory: it never materializes a (T, T) matrix.
+    The reference form for every K, and the fast form for short filters: at (B, T, d) from
     (64, 64, 64) to (2, 4096, 128) it measured faster than the FFT for every K <= 16, and
     than a depthwise conv1d (plus the copy its transposed layout needs) for K <= 8.
     """
-    B, T, D = u.shape
+    B, T, d = u.shape
     # row s of `taps` is every channel's lag-s weight; a contiguous row rather than the
     # strided column h[:, s] makes each step several times faster
-    taps = h[:, :T].T.contiguous()                                          # (K, D)
+    taps = h[:, :T].T.contiguous()                                          # (K, d)
     y = torch.zeros_like(u)
     for s, h_s in enumerate(taps):
-        y[:, s:] += h_s * u[:, :T - s]                                      # (B, T-s, D)
+        y[:, s:] += h_s * u[:, :T - s]                                      # (B, T-s, d)
     return y
 
 
 def causal_conv_fft(u, h):
-    """The same sum by FFT, O(B·D·T log T), the fast form for long filters.
+    """The same sum by FFT, O(B·d·T log T), the fast form for long filters.
 
     FFT multiplication is a cyclic convolution; zero-padding both signals to 2T makes it
     the linear one, u ∗ h = iFFT(FFT(u)·FFT(h)), and we keep the first T outputs (without
     the padding the same formula gives the cyclic convolution u ⊛ h: test_all.py shows it).
     """
-    B, T, D = u.shape
+    B, T, d = u.shape
     n = 2 * T
-    u_f = torch.fft.rfft(u.transpose(1, 2), n=n)                            # (B, D, T+1)
-    h_f = torch.fft.rfft(h[:, :T], n=n)                                     # (D, T+1)
-    return torch.fft.irfft(u_f * h_f, n=n)[..., :T].transpose(1, 2)         # (B, T, D)
+    u_f = torch.fft.rfft(u.transpose(1, 2), n=n)                            # (B, d, T+1)
+    h_f = torch.fft.rfft(h[:, :T], n=n)                                     # (d, T+1)
+    return torch.fft.irfft(u_f * h_f, n=n)[..., :T].transpose(1, 2)         # (B, T, d)
 
 
-def causal_conv(u, h, impl="fast"):
-    """Depthwise causal convolution y = h ∗ u of u (B, T, D) with h (D, K), any K.
+def causal_conv_fast(u, h):
+    """The direct sum for K <= SHORT_FILTER taps, the FFT beyond: whichever measured faster."""
+    return (causal_conv_direct if h.shape[1] <= SHORT_FILTER else causal_conv_fft)(u, h)
 
+
+CONV_IMPLS = {"fast": causal_conv_fast, "reference": causal_conv_direct}
+
+
+def causal_conv(u, h, impl="fast", state=None):
+    """Depthwise causal convolution y = h ∗ u of u (B, T, d) with h (d, K), any K.
+
+    state: the inputs before u, (B, P, d) oldest first (None: the sequence starts here).
+    Returns y (B, T, d) and the state after u: its last min(P+T, K-1) inputs, all that a
+    later output can still reach. One token at a time, u (B, 1, d), this is the step.
     impl="reference" is the direct sum over lags; "fast" is the same sum for
-    K <= SHORT_FILTER and the FFT for longer filters. Both compute the same sum.
+    K <= SHORT_FILTER and the FFT for longer filters (CONV_IMPLS).
     """
-    check_choice("impl", impl, IMPLS)
-    if impl == "reference" or h.shape[1] <= SHORT_FILTER:
-        return causal_conv_direct(u, h)
-    return causal_conv_fft(u, h)
-
-
-def causal_conv_step(u_t, past, h):
-    """The newest output of causal_conv, from the newest input and the ones before it.
-
-    u_t: (B, D); past: (B, P, D), the P <= K-1 most recent earlier inputs, oldest first.
-    Returns y_t (B, D) and the min(P+1, K-1) most recent inputs, all the next step needs.
-    """
-    K = h.shape[1]
-    window = torch.cat([past, u_t[:, None]], dim=1)                         # (B, P+1, D)
-    n = window.shape[1]
-    y_t = torch.einsum("bsd,ds->bd", window, h[:, :n].flip(-1))
-    return y_t, window[:, max(0, n - (K - 1)):]
-
-
-def no_history(x_t, width):
-    """An empty (B, 0, width) input history: the state of a convolution before any token."""
-    return x_t.new_zeros(x_t.shape[0], 0, width)
+    check_choice("impl", impl, tuple(CONV_IMPLS))
+    P = 0 if state is None else state.shape[1]
+    if P:
+        u = torch.cat([state, u], dim=1)                                    # (B, P+T, d)
+    y = CONV_IMPLS[impl](u, h)[:, P:]
+    return y, u[:, max(0, u.shape[1] - (h.shape[1] - 1)):]
 
 
 # ----------------------------------------------------------------------------------------
@@ -454,26 +524,26 @@ FILTERS = {"explicit": ExplicitFilter, "implicit": ImplicitFilter, "mlp": MLPFil
 # ----------------------------------------------------------------------------------------
 # short and long convolutions (appendix H.2)
 
-class Convolution(nn.Module):
+class Convolution(Mixer):
     """y = h ∗ u per channel, no projections: the shared body of ShortConv and LongConv.
 
-    `step` keeps the last K-1 inputs: state min(t, K-1)·D numbers after t tokens.
+    `step` keeps the last K-1 inputs: state min(t, K-1)·d numbers after t tokens.
     """
 
     def __init__(self, d_model, kernel_size, filter, impl):
         super().__init__()
         check_choice("filter", filter, tuple(FILTERS))
-        check_choice("impl", impl, IMPLS)
+        check_choice("impl", impl, tuple(CONV_IMPLS))
         self.impl, self.kernel_size = impl, kernel_size
         self.filter = FILTERS[filter](d_model, kernel_size)
 
     def forward(self, x):
-        return causal_conv(x, self.filter(), self.impl)                      # (B, T, D)
+        return causal_conv(x, self.filter(), self.impl)[0]                   # (B, T, d)
 
     def step(self, x_t, state=None):
-        past = no_history(x_t, x_t.shape[1]) if state is None else state[0]
-        y_t, past = causal_conv_step(x_t, past, self.filter())
-        return y_t, (past,)
+        y, past = causal_conv(x_t[:, None], self.filter(), self.impl,
+                              None if state is None else state[0])
+        return y[:, 0], (past,)
 
     def state_size(self, t):
         return min(t, self.kernel_size - 1) * self.filter().shape[0]
@@ -493,11 +563,11 @@ class ShortConv(Convolution):
 class LongConv(Convolution):
     """Causal convolution with a filter of seq_len taps (Table 1's long conv).
 
-    filter="explicit" (default, Fu et al., 2023b): D·seq_len parameters; "implicit":
+    filter="explicit" (default, Fu et al., 2023b): d·seq_len parameters; "implicit":
     Hyena's MLP-with-decay filter; "mlp": the official BaseConv's ReLU MLP. (The official
     LongConvolution's filter is explicit too, but its fft_conv also adds u.) Inputs longer than
     seq_len are convolved with the filter as it is (zero past seq_len taps).
-    `step` keeps the input history, state min(t, seq_len-1)·D = t·D for t < seq_len: a
+    `step` keeps the input history, state min(t, seq_len-1)·d = t·d for t < seq_len: a
     generic long filter has no smaller state.
     """
 
@@ -509,13 +579,15 @@ class LongConv(Convolution):
 # ----------------------------------------------------------------------------------------
 # BaseConv (Section 4; appendix H.2)
 
-def base_conv(u, W, b1, h, b2, impl="fast"):
+def base_conv(u, W, b1, h, b2, impl="fast", state=None):
     """y = (u·W + b1) ⊙ (h ∗ u + b2): the BaseConv layer (Section 4).
 
-    u: (B, T, D), W: (D, D), h: (D, K); b1, b2 broadcast against (T, D): per position
-    (T, D) in the paper, per channel (D,) or 0 in the official code.
+    u: (B, T, d), W: (d, d), h: (d, K); b1, b2 broadcast against (T, d): per position
+    (T, d) in the paper, per channel (d,) or 0 in the official code. state: the inputs
+    before u, as causal_conv's. Returns (y (B, T, d), the state after u).
     """
-    return (u @ W + b1) * (causal_conv(u, h, impl) + b2)                     # (B, T, D)
+    conv, state = causal_conv(u, h, impl, state)
+    return (u @ W + b1) * (conv + b2), state
 
 
 def conv1d_init_(*tensors, fan_in):
@@ -528,13 +600,13 @@ def conv1d_init_(*tensors, fan_in):
             t.uniform_(-bound, bound)
 
 
-class BaseConv(nn.Module):
+class BaseConv(Mixer):
     """BaseConv, in the paper's form (default) or the official code's (Figure 2's).
 
     form="paper": y = (u·W + b1) ⊙ (h ∗ u + b2) (Section 4), with position-dependent biases
-      b1, b2 (T, D) and no residual: the layer appendix H composes. Its biases need the
+      b1, b2 (T, d) and no residual: the layer appendix H composes. Its biases need the
       position of each token, so `step` carries it (one number) and inputs are limited to
-      seq_len. The filter is explicit, h (D, K), as in the definition.
+      seq_len. The filter is explicit, h (d, K), as in the definition.
     form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure 2's
       BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u. For a short filter
       (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a per-channel bias, both
@@ -544,7 +616,7 @@ class BaseConv(nn.Module):
       Figure 2 stacks a short and a long layer (configs.py: kernel_size [3, -1, 3, -1]).
     filter: None picks the form's filter ("explicit" in the paper form and for a short
       official filter, "mlp" for a long official one); any key of FILTERS may be given.
-    `step` keeps the last K-1 inputs: min(t, K-1)·D numbers (+1 for the position, paper form).
+    `step` keeps the last K-1 inputs: min(t, K-1)·d numbers (+1 for the position, paper form).
     """
 
     def __init__(self, d_model, seq_len, kernel_size=None, filter=None, form="paper",
@@ -560,7 +632,7 @@ class BaseConv(nn.Module):
         if filter is None:
             filter = "mlp" if form == "official" and self.long else "explicit"
         check_choice("filter", filter, tuple(FILTERS))
-        check_choice("impl", impl, IMPLS)
+        check_choice("impl", impl, tuple(CONV_IMPLS))
         self.seq_len, self.kernel_size, self.form, self.impl = seq_len, kernel_size, form, impl
         self.proj = nn.Linear(d_model, d_model, bias=form == "official")
         self.filter = FILTERS[filter](d_model, kernel_size)
@@ -577,30 +649,28 @@ class BaseConv(nn.Module):
             raise ValueError(f"sequence length T={T} is not allowed: form='paper' has one "
                              f"bias row per position, so T must be <= seq_len={self.seq_len}")
 
-    def _official(self, u, conv, gate):
-        """y = conv(u) ⊙ gate + u, conv(u) = h ∗ u plus u (long) or a bias (short)."""
-        return (conv + (u if self.long else self.conv_bias)) * gate + u
+    def _mix(self, u, past, t0):
+        """u (B, T, d) at positions t0.. after the inputs `past`: (y, the inputs' state)."""
+        h = self.filter()                                                    # (d, K)
+        if self.form == "official":      # y = conv(u) ⊙ (u·W + b) + u, conv as in the docstring
+            conv, past = causal_conv(u, h, self.impl, past)
+            return (conv + (u if self.long else self.conv_bias)) * self.proj(u) + u, past
+        end = t0 + u.shape[1]
+        self._check_length(end)
+        return base_conv(u, self.proj.weight.T, self.b1[t0:end], h, self.b2[t0:end],
+                         self.impl, past)
 
     def forward(self, x):
-        B, T, D = x.shape
-        h = self.filter()                                                    # (D, K)
-        if self.form == "official":
-            return self._official(x, causal_conv(x, h, self.impl), self.proj(x))
-        self._check_length(T)
-        return base_conv(x, self.proj.weight.T, self.b1[:T], h, self.b2[:T], self.impl)
+        return self._mix(x, None, 0)[0]
 
     def step(self, x_t, state=None):
-        B, D = x_t.shape
-        if state is None:
-            state = (no_history(x_t, D), x_t.new_zeros(B, 1, dtype=torch.long))
-        conv_t, past = causal_conv_step(x_t, state[0], self.filter())
-        gate_t = self.proj(x_t)                                              # (B, D)
         if self.form == "official":
-            return self._official(x_t, conv_t, gate_t), (past,)
-        position = state[1]                                                  # (B, 1)
-        t = int(position[0])
-        self._check_length(t + 1)
-        return (gate_t + self.b1[t]) * (conv_t + self.b2[t]), (past, position + 1)
+            y, past = self._mix(x_t[:, None], None if state is None else state[0], 0)
+            return y[:, 0], (past,)
+        past, position = (None, x_t.new_zeros(x_t.shape[0], 1, dtype=torch.long)) \
+            if state is None else state                                      # position (B, 1)
+        y, past = self._mix(x_t[:, None], past, int(position[0]))
+        return y[:, 0], (past, position + 1)
 
     def state_size(self, t):
         history = min(t, self.kernel_size - 1) * self.proj.in_features
@@ -610,31 +680,36 @@ class BaseConv(nn.Module):
 # ----------------------------------------------------------------------------------------
 # Hyena (appendix H.2.1, Algorithm 3)
 
-def hyena_operator(ps, v, hs, impl="fast"):
+def hyena_operator(ps, v, hs, impl="fast", state=None):
     """Algorithm 3's recurrence: z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}), returns z^L.
 
-    ps: L gates p^ℓ (B, T, D); v: (B, T, D); hs: L filters h^ℓ (D, K).
+    ps: L gates p^ℓ (B, T, d); v: (B, T, d); hs: L filters h^ℓ (d, K). state: the input
+    history of each of the L convolutions (None: empty). Returns (z^L, the L histories).
     """
-    z = v
-    for p, h in zip(ps, hs):
-        z = p * causal_conv(z, h, impl)                                      # (B, T, D)
-    return z
+    z, pasts = v, []
+    for p, h, past in zip(ps, hs, state or [None] * len(hs)):
+        conv, past = causal_conv(z, h, impl, past)
+        z = p * conv                                                         # (B, T, d)
+        pasts.append(past)
+    return z, tuple(pasts)
 
 
-def hyena_official_operator(x1, x2, v, h, bias, impl="fast"):
+def hyena_official_operator(x1, x2, v, h, bias, impl="fast", state=None):
     """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
     convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
 
-    x1, x2, v: (B, T, D); h: (D, K); bias: (D,), the fftconv's per-channel skip term.
+    x1, x2, v: (B, T, d); h: (d, K); bias: (d,), the fftconv's per-channel skip term.
+    state: the convolution's input history, as hyena_operator's (a tuple of one).
     """
     z = x1 * v                                                               # pre-gate
-    return x2 * (causal_conv(z, h, impl) + bias * z)
+    conv, past = causal_conv(z, h, impl, None if state is None else state[0])
+    return x2 * (conv + bias * z), (past,)
 
 
-class Hyena(nn.Module):
+class Hyena(Mixer):
     """Hyena of order L (appendix H.2.1, Algorithm 3; Poli et al., 2023).
 
-    form="paper" (default): Algorithm 3. A linear layer to (L+1)·D channels and a short
+    form="paper" (default): Algorithm 3. A linear layer to (L+1)·d channels and a short
       explicit convolution give p^1..p^L and v; L gated long convolutions with implicit
       filters h^ℓ (ImplicitFilter); an output projection.
     form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
@@ -644,7 +719,7 @@ class Hyena(nn.Module):
       bias ~ N(0, 1) per channel and h the official filter (ImplicitFilter form="official").
       Its "order 2" counts the gates; Algorithm 3's L counts convolutions. Only order=2.
     `step` keeps the last K_short-1 projected inputs and the history of each long
-    convolution's input: min(t, K_short-1)·(L+1)·D + L·min(t, seq_len-1)·D numbers, with
+    convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers, with
     L = 1 in the official form.
     """
 
@@ -655,7 +730,7 @@ class Hyena(nn.Module):
         check_positive("order", order)
         check_positive("short_kernel_size", short_kernel_size)
         check_choice("form", form, ("paper", "official"))
-        check_choice("impl", impl, IMPLS)
+        check_choice("impl", impl, tuple(CONV_IMPLS))
         if form == "official" and order != 2:
             raise ValueError(f"order={order} is not allowed with form='official': the "
                              "official operator has order 2 (two gates, one convolution)")
@@ -671,42 +746,33 @@ class Hyena(nn.Module):
             self.bias = nn.Parameter(torch.randn(d_model))
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def _short(self, u):
-        return u + self.short_bias if self.form == "official" else u
+    def _mix(self, x, state):
+        """x (B, T, d) after the histories `state` (None: none): (y, the new histories)."""
+        d = x.shape[-1]
+        u, short_past = causal_conv(self.in_proj(x), self.short_filter(), self.impl,
+                                    None if state is None else state[0])
+        if self.form == "official":
+            u = u + self.short_bias
+        *ps, v = u.split(d, dim=-1)                                          # (B, T, d) each
+        hs = self.long_filter().split(d, dim=0)                              # (d, seq_len) each
+        long_state = None if state is None else state[1:]
+        if self.form == "official":
+            y, pasts = hyena_official_operator(*ps, v, hs[0], self.bias, self.impl, long_state)
+        else:
+            y, pasts = hyena_operator(ps, v, hs, self.impl, long_state)
+        return self.out_proj(y), (short_past, *pasts)
 
     def forward(self, x):
-        B, T, D = x.shape
-        u = self._short(causal_conv(self.in_proj(x), self.short_filter(), self.impl))
-        *ps, v = u.split(D, dim=-1)                                          # (B, T, D) each
-        hs = self.long_filter().split(D, dim=0)                              # (D, seq_len) each
-        if self.form == "official":
-            return self.out_proj(hyena_official_operator(*ps, v, hs[0], self.bias, self.impl))
-        return self.out_proj(hyena_operator(ps, v, hs, self.impl))
+        return self._mix(x, None)[0]
 
     def step(self, x_t, state=None):
-        B, D = x_t.shape
-        if state is None:
-            state = (no_history(x_t, (self.order + 1) * D),
-                     *(no_history(x_t, D) for _ in range(self.n_long)))
-        u_t, short_past = causal_conv_step(self.in_proj(x_t), state[0], self.short_filter())
-        *ps, z = self._short(u_t).split(D, dim=-1)
-        hs = self.long_filter().split(D, dim=0)
-        if self.form == "official":
-            x1, x2 = ps
-            z = x1 * z                                                       # pre-gate
-            conv_t, past = causal_conv_step(z, state[1], hs[0])
-            return self.out_proj(x2 * (conv_t + self.bias * z)), (short_past, past)
-        pasts = []
-        for p, h, past in zip(ps, hs, state[1:]):
-            conv_t, past = causal_conv_step(z, past, h)
-            z = p * conv_t                                                   # (B, D)
-            pasts.append(past)
-        return self.out_proj(z), (short_past, *pasts)
+        y, state = self._mix(x_t[:, None], state)
+        return y[:, 0], state
 
     def state_size(self, t):
-        D, L = self.d_model, self.order
-        return (min(t, self.short_kernel_size - 1) * (L + 1) * D
-                + self.n_long * min(t, self.seq_len - 1) * D)
+        d, L = self.d_model, self.order
+        return (min(t, self.short_kernel_size - 1) * (L + 1) * d
+                + self.n_long * min(t, self.seq_len - 1) * d)
 
 
 # ----------------------------------------------------------------------------------------
@@ -717,7 +783,7 @@ SSM_DISCRETIZATIONS = ("zoh", "bilinear")
 
 def ssm_discretize(log_dt, A, method="zoh"):
     """The discrete SSM of x' = A x + B u with step Δ = exp(log_dt) and B = 1: (log Ā, B̄),
-    each (D, n) complex (returning log Ā lets the kernel raise Ā to any power by exp).
+    each (d, n) complex (returning log Ā lets the kernel raise Ā to any power by exp).
 
     zoh       Ā = exp(ΔA),                   B̄ = (exp(ΔA) - 1) / A   (zero-order hold,
               S4D's default)
@@ -726,7 +792,7 @@ def ssm_discretize(log_dt, A, method="zoh"):
     """
     check_choice("discretization", method, SSM_DISCRETIZATIONS)
     dt = log_dt.exp()[:, None]
-    dtA = dt * A                                                             # (D, n)
+    dtA = dt * A                                                             # (d, n)
     if method == "zoh":
         return dtA, (dtA.exp() - 1) / A
     return torch.log((1 + dtA / 2) / (1 - dtA / 2)), dt / (1 - dtA / 2)
@@ -741,49 +807,41 @@ def exp_complex(z):
 def diagonal_ssm_kernel(log_dt, A, C, T, discretization="zoh"):
     """The SSM's convolution kernel K[d, ℓ] = 2·Re Σ_n C[d, n] B̄[d, n] Ā[d, n]^ℓ, ℓ < T.
 
-    log_dt: (D,) real; A, C: (D, n) complex, n = d_state/2 modes whose conjugates make the
+    log_dt: (d,) real; A, C: (d, n) complex, n = d_state/2 modes whose conjugates make the
     state real (hence 2·Re); S4D's kernel.
-    Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·log Ā)·exp(j·log Ā): two (D, n, m)
-    tables of exponentials and a batched matmul, instead of D·n·T complex exponentials
+    Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·log Ā)·exp(j·log Ā): two (d, n, m)
+    tables of exponentials and a batched matmul, instead of d·n·T complex exponentials
     (which cost more than the convolution they feed).
     """
-    log_dA, dB = ssm_discretize(log_dt, A, discretization)                   # (D, n)
+    log_dA, dB = ssm_discretize(log_dt, A, discretization)                   # (d, n)
     m = math.isqrt(T - 1) + 1
     j = torch.arange(m, dtype=log_dt.dtype, device=log_dt.device)
     coarse, fine = exp_complex(log_dA[..., None] * (m * j)), exp_complex(log_dA[..., None] * j)
-    K = torch.einsum("dn,dni,dnj->dij", C * dB, coarse, fine)               # (D, m, m)
-    return 2 * K.real.flatten(1)[:, :T]                                      # (D, T)
+    K = torch.einsum("dn,dni,dnj->dij", C * dB, coarse, fine)               # (d, m, m)
+    return 2 * K.real.flatten(1)[:, :T]                                      # (d, T)
 
 
 def diagonal_ssm_step(u_t, x, log_dt, A, C, discretization="zoh"):
     """One step of the recurrence: x_t = Ā x_{t-1} + B̄ u_t, y_t = 2·Re Σ_n C_n x_t[n].
 
-    u_t: (B, D) real, x: (B, D, n) complex. Its impulse response is diagonal_ssm_kernel.
+    u_t: (B, d) real, x: (B, d, n) complex. Its impulse response is diagonal_ssm_kernel.
     """
     log_dA, dB = ssm_discretize(log_dt, A, discretization)
-    x = exp_complex(log_dA) * x + dB * u_t[..., None]                        # (B, D, n)
+    x = exp_complex(log_dA) * x + dB * u_t[..., None]                        # (B, d, n)
     return 2 * (C * x).sum(-1).real, x
 
 
-def shift_ssm_step(u_t, x, h):
-    """Shift SSM x_t = S x_{t-1} + e_0 u_t, y_t = C·x_t, S the shift matrix, C = h (D, n).
-
-    x holds the last n inputs (newest first), so the kernel of this SSM is h itself.
-    """
-    x = torch.cat([u_t[..., None], x[..., :-1]], dim=-1)                     # (B, D, n)
-    return (h * x).sum(-1), x
-
-
-class H3(nn.Module):
+class H3(Mixer):
     """H3 (Fu et al., 2023a): y = W_o (q ⊙ SSM_diag(SSM_shift(k) ⊙ v)).
 
     Per head of head_dim channels the product is an outer product, k_i v_j, and the output
     y_j = Σ_i q_i · SSM_diag(k ⊗ v)_{ij}; head_dim=1 (default) is the elementwise
     q ⊙ SSM(k ⊙ v). One diagonal SSM per head, shared by its head_dim² channels, with a
     skip term D (as S4D).
-    Shift SSM: A is the shift matrix and B = e_0, so its kernel is its C vector, a learned
-    filter of shift_size taps (default d_state: the official code uses one state size for
-    both SSMs); its skip term is folded into tap 0.
+    Shift SSM: A is the shift matrix and B = e_0, so its state is the last inputs and its
+    kernel is its C vector: a causal convolution with a learned filter of shift_size taps
+    (default d_state: the official code uses one state size for both SSMs); its skip term
+    is folded into tap 0.
     Diagonal SSM: S4D-Lin init, A_n = -1/2 + iπn, Δ log-uniform in [1e-3, 1e-1], C normal;
     d_state real numbers per channel (d_state/2 complex modes and their conjugates).
     form="paper" (default): zero-order-hold discretization (S4D's), shift taps N(0, 1/n).
@@ -795,8 +853,8 @@ class H3(nn.Module):
       starting at 1), which only reparametrises the same kernels; its output channels come
       in (j, head) order, a permutation that the output projection absorbs.
     Fast form: the SSM's kernel through the FFT convolution; reference: the direct sum.
-    `step` runs both SSMs as recurrences: the state is the shift SSM's D·shift_size numbers
-    and the diagonal SSM's (D/head_dim)·head_dim²·d_state, independent of t.
+    `step` runs both SSMs as recurrences: the state is the shift SSM's last inputs,
+    min(t, shift_size-1)·d numbers, and the diagonal SSM's (d/head_dim)·head_dim²·d_state.
     """
 
     rescale_out_proj = False   # the official output_linear escapes its _init_weights' rescale
@@ -809,7 +867,7 @@ class H3(nn.Module):
         shift_size = d_state if shift_size is None else shift_size
         check_positive("shift_size", shift_size, "an integer >= 1, or None for d_state")
         check_choice("form", form, ("paper", "official"))
-        check_choice("impl", impl, IMPLS)
+        check_choice("impl", impl, tuple(CONV_IMPLS))
         H, n = d_model // head_dim, d_state // 2
         self.d_state, self.head_dim, self.shift_size = d_state, head_dim, shift_size
         self.form, self.impl = form, impl
@@ -837,61 +895,61 @@ class H3(nn.Module):
                 C.repeat_interleave(r, 0), self.D.repeat_interleave(r))
 
     def _outer(self, k, v):
-        """k ⊗ v per head: (..., D), (..., D) -> (..., H·hd·hd), channel (h, i, j) = k_hi v_hj."""
+        """k ⊗ v per head: (..., d), (..., d) -> (..., H·hd·hd), channel (h, i, j) = k_hi v_hj."""
         hd = self.head_dim
         k, v = k.unflatten(-1, (-1, hd)), v.unflatten(-1, (-1, hd))
         return (k[..., :, None] * v[..., None, :]).flatten(-3)
 
     def _gate(self, q, s):
-        """y_hj = Σ_i q_hi s_hij: (..., D), (..., H·hd·hd) -> (..., D)."""
+        """y_hj = Σ_i q_hi s_hij: (..., d), (..., H·hd·hd) -> (..., d)."""
         hd = self.head_dim
         q, s = q.unflatten(-1, (-1, hd)), s.unflatten(-1, (-1, hd, hd))
         return (q[..., None] * s).sum(-2).flatten(-2)
 
     def forward(self, x):
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=-1)                               # (B, T, D)
-        k = causal_conv(k, self.shift_filter(), self.impl)
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)                               # (B, T, d)
+        k, _ = causal_conv(k, self.shift_filter(), self.impl)
         kv = self._outer(k, v)                                               # (B, T, H·hd²)
         log_dt, A, C, skip = self._ssm()
         K = diagonal_ssm_kernel(log_dt, A, C, T, self.discretization)        # (H·hd², T)
-        s = causal_conv(kv, K, self.impl) + skip * kv
-        return self.out_proj(self._gate(q, s))
+        s, _ = causal_conv(kv, K, self.impl)
+        return self.out_proj(self._gate(q, s + skip * kv))
 
     def step(self, x_t, state=None):
-        B, D = x_t.shape
+        B, d = x_t.shape
         log_dt, A, C, skip = self._ssm()
         if state is None:
-            shift_x = x_t.new_zeros(B, D, self.shift_size)
+            shift_x = None
             ssm_x = torch.zeros(B, *A.shape, dtype=A.dtype, device=A.device)
         else:
             shift_x, ssm_x = state[0], torch.view_as_complex(state[1])
-        q, k, v = self.qkv(x_t).split(D, dim=-1)                             # (B, D)
-        k, shift_x = shift_ssm_step(k, shift_x, self.shift_filter())
-        kv = self._outer(k, v)                                               # (B, H·hd²)
+        q, k, v = self.qkv(x_t).split(d, dim=-1)                             # (B, d)
+        k, shift_x = causal_conv(k[:, None], self.shift_filter(), self.impl, shift_x)
+        kv = self._outer(k[:, 0], v)                                         # (B, H·hd²)
         s, ssm_x = diagonal_ssm_step(kv, ssm_x, log_dt, A, C, self.discretization)
         y_t = self.out_proj(self._gate(q, s + skip * kv))
         return y_t, (shift_x, torch.view_as_real(ssm_x))
 
     def state_size(self, t):
-        D = self.out_proj.in_features
+        d = self.out_proj.in_features
         if t == 0:
             return 0                                    # no state before the first token
-        return D * self.shift_size + D * self.head_dim * self.d_state
+        return d * min(t, self.shift_size - 1) + d * self.head_dim * self.d_state
 
 
 # ----------------------------------------------------------------------------------------
 # helpers shared by the chunked forms
 
 
-def _pad_to_chunks(x, chunk_size, dim):
-    """Zero-pad `x` along `dim` to a multiple of chunk_size; returns (padded, T)."""
+def _pad_to_chunks(x, chunk_size, dim, value=0.0):
+    """Pad `x` along `dim` with `value` to a multiple of chunk_size; returns (padded, T)."""
     T = x.shape[dim]
     pad = (-T) % chunk_size
     if pad:
         shape = list(x.shape)
         shape[dim] = pad
-        x = torch.cat([x, x.new_zeros(shape)], dim=dim)
+        x = torch.cat([x, x.new_full(shape, value)], dim=dim)
     return x, T
 
 
@@ -931,7 +989,7 @@ def wkv_step(w, u, k_t, v_t, state=None):
     """One step of the wkv recurrence in log space (the RWKV-4 CUDA kernel's form).
 
     state (a, b, p) holds the numerator a·e^p and denominator b·e^p of the sum over i < t;
-    p is the running maximum. k_t, v_t (B, D); w, u (D,). Returns (wkv_t, new state).
+    p is the running maximum. k_t, v_t (B, d); w, u (d,). Returns (wkv_t, new state).
     """
     a, b, p = _empty(k_t) if state is None else state
     # output: the term e^{u+k_t} v_t joins the sum over i < t
@@ -940,16 +998,19 @@ def wkv_step(w, u, k_t, v_t, state=None):
     return num / den, _merge((a, b, p - w), (v_t, torch.ones_like(v_t), k_t))
 
 
-def wkv_reference(w, u, k, v):
-    """wkv by the stable recurrence, one position at a time. k, v (B, T, D) -> (B, T, D).
+def wkv_reference(w, u, k, v, state=None, chunk_size=None):
+    """wkv by the stable recurrence, one position at a time. k, v (B, T, d) -> (B, T, d).
 
-    T sequential steps of O(B·D) work each: time is dominated by the Python loop.
+    state: wkv_step's (a, b, p) before the first position (None: empty). Returns (wkv, the
+    state after the last position). T sequential steps of O(B·d) work each: time is
+    dominated by the Python loop. chunk_size is the chunked form's (every wkv form takes
+    the same arguments); unused here.
     """
-    state, out = None, []
+    out = []
     for t in range(k.shape[1]):
         y, state = wkv_step(w, u, k[:, t], v[:, t], state)
         out.append(y)
-    return torch.stack(out, 1)
+    return torch.stack(out, 1), state
 
 
 def _add_term(avg, log_z, v, score):
@@ -962,62 +1023,70 @@ def _add_term(avg, log_z, v, score):
     return torch.lerp(avg, v, torch.sigmoid(score - log_z)), torch.logaddexp(log_z, score)
 
 
-def wkv_chunked(w, u, k, v, chunk_size=64):
+def wkv_chunked(w, u, k, v, state=None, chunk_size=64):
     """The same recurrence in three phases, C + n Python steps instead of T = n·C:
 
     1. every chunk runs the recurrence from an empty sum, all n chunks at once (C steps of
-       O(B·n·D)), keeping the local sum before each position;
+       O(B·n·d)), keeping the local sum before each position;
     2. the sums entering each chunk: the previous one decayed by e^{-C·w} plus that chunk's
-       local end sum (n steps of O(B·D));
+       local end sum (n steps of O(B·d));
     3. every position at once: carried sum decayed by e^{-j·w} + local sum + bonus term.
     A sum is kept as (average, log-normaliser) (see _add_term): decaying it by e^{-w} is
     log_z - w, adding a term is a σ-weighted lerp and a logaddexp: four element-wise
     operations per merge instead of the fifteen or so of _merge's rescaling.
-    Materializes the local sums before every position: 2 (B, T, D) tensors.
+    Materializes the local sums before every position: 2 (B, T, d) tensors.
+    state: as wkv_reference's, (a, b, p) = (avg, 1, log_z) in this form's terms. The padding
+    keys are finfo.min, terms of weight 0: the carry after the last chunk is the final
+    state, decayed pad·w too far, which the end undoes.
     """
-    C = chunk_size
-    (kc, T), (vc, _) = _pad_to_chunks(k, C, 1), _pad_to_chunks(v, C, 1)
-    B, Tp, D = kc.shape
+    C = min(chunk_size, k.shape[1])                 # a chunk never longer than the sequence
+    tiny = torch.finfo(k.dtype).min
+    (kc, T), (vc, _) = _pad_to_chunks(k, C, 1, tiny), _pad_to_chunks(v, C, 1)
+    B, Tp, d = kc.shape
     n = Tp // C
-    kc, vc = kc.view(B, n, C, D), vc.view(B, n, C, D)                       # (B, n, C, D)
-    zero = torch.zeros_like(kc[:, :, 0])                                      # (B, n, D)
-    empty = zero, torch.full_like(zero, torch.finfo(k.dtype).min)             # (avg, log_z)
-    (avg, log_z), before = empty, []
+    kc, vc = kc.view(B, n, C, d), vc.view(B, n, C, d)                       # (B, n, C, d)
+    zero = torch.zeros_like(kc[:, :, 0])                                      # (B, n, d)
+    (avg, log_z), before = (zero, torch.full_like(zero, tiny)), []            # empty sums
     for j in range(C):                                                        # 1.
         before.append((avg, log_z))
         avg, log_z = _add_term(avg, log_z - w, vc[:, :, j], kc[:, :, j])
-    c_avg, c_log_z = empty[0][:, 0], empty[1][:, 0]                           # (B, D)
+    if state is None:
+        c_avg, c_log_z = zero[:, 0], torch.full_like(zero[:, 0], tiny)         # (B, d)
+    else:
+        a, b, p = state
+        c_avg, c_log_z = a / b, p + torch.log(b)
     carried = []
     for c in range(n):                                                        # 2.
         carried.append((c_avg, c_log_z))
         c_avg, c_log_z = _add_term(c_avg, c_log_z - C * w, avg[:, c], log_z[:, c])
+    final = c_avg, torch.ones_like(c_avg), c_log_z + (Tp - T) * w
     j = torch.arange(C, device=k.device)[:, None]                             # (C, 1)
-    c_avg, c_log_z = (torch.stack(s, 1)[:, :, None] for s in zip(*carried))  # (B, n, 1, D)
-    avg, log_z = (torch.stack(s, 2) for s in zip(*before))                   # (B, n, C, D)
+    c_avg, c_log_z = (torch.stack(s, 1)[:, :, None] for s in zip(*carried))  # (B, n, 1, d)
+    avg, log_z = (torch.stack(s, 2) for s in zip(*before))                   # (B, n, C, d)
     avg, log_z = _add_term(avg, log_z, c_avg, c_log_z - j * w)
     y = torch.lerp(avg, vc, torch.sigmoid(u + kc - log_z))                   # the bonus term
-    return y.reshape(B, Tp, D)[:, :T]
+    return y.reshape(B, Tp, d)[:, :T], final
 
 
 WKV_IMPLS = {"fast": wkv_chunked, "reference": wkv_reference}
 
 
-class RWKV(nn.Module):
+class RWKV(Mixer):
     """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (Peng et al., 2023).
 
     x'_t = μ ⊙ x_t + (1-μ) ⊙ x_{t-1} with one μ each for r, k, v (x_{-1} = 0);
     out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel.
     form="paper" (default): one initialisation for every layer, after RWKV-4's ramps over
       the channels i: w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i,
-      r_i = i/(D-1).
+      r_i = i/(d-1).
     form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
       with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
       official default n_layer = 12 (Figure 2's configs do not pass it),
-      w_log = -5 + 8·(i/(D-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
-      μ_k = (i/D)^b, μ_v = (i/D)^b + 0.3a, μ_r = (i/D)^(b/2). Deviation: the official CUDA
+      w_log = -5 + 8·(i/(d-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
+      μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). Deviation: the official CUDA
       kernel returns wkv in bfloat16; ours stays in the input's precision.
     No channel-mixing block (the blocks of train.py hold the MLP, if any).
-    State of `step`: (a, b, p) of wkv and the previous input: 4·D numbers at every t.
+    State of `step`: (a, b, p) of wkv and the previous input: 4·d numbers at every t.
     """
 
     rescale_out_proj = False   # the official layer is named `output`: no rescale
@@ -1031,24 +1100,24 @@ class RWKV(nn.Module):
                              "integer >= 0")
         check_choice("impl", impl, tuple(WKV_IMPLS))
         check_positive("chunk_size", chunk_size)
-        D = d_model
+        d = d_model
         self.impl, self.chunk_size = impl, chunk_size
-        i = torch.arange(D, dtype=torch.float32)
-        ramp = i / max(D - 1, 1)
+        i = torch.arange(d, dtype=torch.float32)
+        ramp = i / max(d - 1, 1)
         if form == "official":
             n_layer = 12
             a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
             w_log = -5 + 8 * ramp ** (0.7 + 1.3 * a)
             u = math.log(0.3) + 0.5 * ((i + 1) % 3 - 1)
-            mix_r, mix_k, mix_v = (i / D) ** (0.5 * b), (i / D) ** b, (i / D) ** b + 0.3 * a
+            mix_r, mix_k, mix_v = (i / d) ** (0.5 * b), (i / d) ** b, (i / d) ** b + 0.3 * a
         else:
-            w_log, u = -5 + 8 * ramp ** 0.7, torch.full((D,), math.log(0.3))
+            w_log, u = -5 + 8 * ramp ** 0.7, torch.full((d,), math.log(0.3))
             mix_r, mix_k, mix_v = ramp, ramp, ramp
         self.w_log, self.u = nn.Parameter(w_log), nn.Parameter(u)
         self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(m.clone())
                                               for m in (mix_r, mix_k, mix_v))
         self.receptance, self.key, self.value, self.out_proj = (
-            nn.Linear(D, D, bias=False) for _ in range(4))
+            nn.Linear(d, d, bias=False) for _ in range(4))
 
     def _rkv(self, x, x_prev):
         r = self.receptance(self.mix_r * x + (1 - self.mix_r) * x_prev)
@@ -1057,14 +1126,11 @@ class RWKV(nn.Module):
         return r, k, v
 
     def forward(self, x):
-        B, T, D = x.shape
+        B, T, d = x.shape
         x_prev = F.pad(x, (0, 0, 1, -1))                                      # token shift
         r, k, v = self._rkv(x, x_prev)
-        w = torch.exp(self.w_log)
-        if self.impl == "fast":
-            y = wkv_chunked(w, self.u, k, v, self.chunk_size)
-        else:
-            y = wkv_reference(w, self.u, k, v)
+        y, _ = WKV_IMPLS[self.impl](torch.exp(self.w_log), self.u, k, v,
+                                    chunk_size=self.chunk_size)
         return self.out_proj(torch.sigmoid(r) * y)
 
     def step(self, x_t, state=None):
@@ -1087,35 +1153,59 @@ class RWKV(nn.Module):
 # parallel   Y = (Q Kᵀ ⊙ Dγ) V,  Dγ[n, m] = γ^{n-m} for n >= m else 0
 # chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Dγ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
 #            R_c = K_cᵀ (V_c ⊙ ζ) + γ^C R_{c-1},  ζ_j = γ^{C-1-j}
-# The three take (q, k, v, gamma): q, k (B, H, T, hs), v (B, H, T, hv), gamma (H,).
+# Every form takes (q, k, v, gamma, state=None, chunk_size): q, k (B, H, T, hs),
+# v (B, H, T, hv), gamma (H,), state S (B, H, hs, hv) before the first position (None: 0);
+# chunk_size is the chunkwise form's, the others ignore it. Each returns (y, S after the
+# last position).
 
 
 def _decay_matrix(gamma, T):
     """Dγ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
     n = torch.arange(T, device=gamma.device)
     dist = n[:, None] - n[None, :]                                            # (T, T)
-    D = torch.exp(dist.clamp_min(0) * torch.log(gamma)[:, None, None])        # (H, T, T)
-    return D.masked_fill(dist < 0, 0.0)
+    decay = torch.exp(dist.clamp_min(0) * torch.log(gamma)[:, None, None])    # (H, T, T)
+    return decay.masked_fill(dist < 0, 0.0)
 
 
-def retention_parallel(q, k, v, gamma):
+def _powers(gamma, exponents):
+    """γ_h^e for every head h and exponent e: (H, len(exponents), 1)."""
+    return torch.exp(exponents * torch.log(gamma)[:, None])[..., None]
+
+
+def _state_after(k, v, gamma, state=None):
+    """γ^T S + Σ_j γ^{T-1-j} k_jᵀ v_j: the state after k, v (..., H, T, .) from the state S
+    before them (None: 0)."""
+    T = k.shape[-2]
+    zeta = _powers(gamma, torch.arange(T - 1, -1, -1, device=k.device))      # (H, T, 1)
+    after = (k * zeta).transpose(-1, -2) @ v                                  # (..., H, hs, hv)
+    return after if state is None else after + gamma[:, None, None] ** T * state
+
+
+def _read_state(q, gamma, state):
+    """(q ⊙ ξ) S, ξ_i = γ^{i+1}: what the state S before q (..., H, T, hs) adds to y."""
+    return (q * _powers(gamma, torch.arange(1, q.shape[-2] + 1, device=q.device))) @ state
+
+
+def retention_parallel(q, k, v, gamma, state=None, chunk_size=None):
     """(Q Kᵀ ⊙ Dγ) V. Materializes (B, H, T, T)."""
-    scores = torch.einsum("bhid,bhjd->bhij", q, k) * _decay_matrix(gamma, q.shape[2])
-    return scores @ v                                                         # (B, H, T, hv)
+    y = (torch.einsum("bhid,bhjd->bhij", q, k) * _decay_matrix(gamma, q.shape[2])) @ v
+    if state is not None:
+        y = y + _read_state(q, gamma, state)
+    return y, _state_after(k, v, gamma, state)                               # (B, H, T, hv)
 
 
-def retention_recurrent(q, k, v, gamma):
+def retention_recurrent(q, k, v, gamma, state=None, chunk_size=None):
     """S_t = γ S_{t-1} + k_tᵀ v_t, y_t = q_t S_t, one position at a time (T Python steps)."""
     B, H, T, hs = q.shape
-    S = q.new_zeros(B, H, hs, v.shape[-1])
+    S = q.new_zeros(B, H, hs, v.shape[-1]) if state is None else state
     out = []
     for t in range(T):
         S = gamma[:, None, None] * S + k[:, :, t, :, None] * v[:, :, t, None, :]
         out.append(torch.einsum("bhd,bhde->bhe", q[:, :, t], S))
-    return torch.stack(out, 2)                                                # (B, H, T, hv)
+    return torch.stack(out, 2), S                                             # (B, H, T, hv)
 
 
-def retention_chunkwise(q, k, v, gamma, chunk_size=32):
+def retention_chunkwise(q, k, v, gamma, state=None, chunk_size=32):
     """The chunkwise form: parallel inside chunks of C, recurrent across the n chunks.
 
     The intra-chunk products are batched matmuls over all n chunks at once; the recurrence
@@ -1123,36 +1213,32 @@ def retention_chunkwise(q, k, v, gamma, chunk_size=32):
     (Unrolling it into an (n, n) decay-matrix product, the parallel form over chunks, costs
     B·H·n²·hs·hv and measured slower at T = 4096.) Costs B·H·T·C·(hs + hv) inside chunks
     and 2·B·H·T·hs·hv to build and read the states; materializes (B, H, n, C, C) and one
-    (hs, hv) state per chunk.
+    (hs, hv) state per chunk. The final state comes from the last chunk's real positions
+    (its zero padding would count in the decay).
     """
-    C = chunk_size
+    C = min(chunk_size, q.shape[2])                 # a chunk never longer than the sequence
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
     B, H, Tp, hs = q.shape
     n = Tp // C
-    # one copy each into contiguous chunks, rather than one inside every matmul below
-    q, k, v = (t.contiguous().view(B, H, n, C, -1) for t in (q, k, v))       # (B, H, n, C, .)
-    log_g = torch.log(gamma)[:, None]                                         # (H, 1)
-    i = torch.arange(C, device=q.device)
-    inner = (q @ k.transpose(-1, -2)) * _decay_matrix(gamma, C)[:, None]      # (B, H, n, C, C)
-    y = inner @ v                                                             # (B, H, n, C, hv)
-    # what chunk c adds to the state at its end, then the states entering each chunk
-    zeta = torch.exp((C - 1 - i) * log_g)                                     # (H, C)
-    adds = (k * zeta[:, None, :, None]).transpose(-1, -2) @ v                 # (B, H, n, hs, hv)
-    decay_C = torch.exp(C * log_g)[:, :, None]                                # (H, 1, 1)
-    R, states = torch.zeros_like(adds[:, :, 0]), []
-    for c in range(n):
+    # one copy each into contiguous chunks (B, n, H, C, .), rather than one in every matmul
+    q, k, v = (t.view(B, H, n, C, -1).transpose(1, 2).contiguous() for t in (q, k, v))
+    y = ((q @ k.transpose(-1, -2)) * _decay_matrix(gamma, C)) @ v             # (B, n, H, C, hv)
+    adds = _state_after(k, v, gamma)                # chunk c's own sum at its end (B, n, H, hs, hv)
+    R, states = torch.zeros_like(adds[:, 0]) if state is None else state, []
+    for c in range(n):                              # the states entering each chunk
         states.append(R)
-        R = torch.addcmul(adds[:, :, c], decay_C, R)
-    xi = torch.exp((i + 1) * log_g)                                           # (H, C)
-    y = y + (q * xi[:, None, :, None]) @ torch.stack(states, 2)
-    return y.reshape(B, H, Tp, -1)[:, :, :T]
+        R = torch.addcmul(adds[:, c], gamma[:, None, None] ** C, R)
+    y = y + _read_state(q, gamma, torch.stack(states, 1))
+    r = T - (n - 1) * C                             # the last chunk's real positions
+    final = _state_after(k[:, -1, :, :r], v[:, -1, :, :r], gamma, states[-1])
+    return y.transpose(1, 2).reshape(B, H, Tp, -1)[:, :, :T], final
 
 
 RETENTION_IMPLS = {"fast": retention_chunkwise, "reference": retention_recurrent,
                    "parallel": retention_parallel}
 
 
-class RetNet(nn.Module):
+class RetNet(Mixer):
     """Multi-scale retention: H heads with γ_h = 1 - 2^(-5-h), group norm, swish gate.
 
     MSR(X) = (swish(X W_G) ⊙ GroupNorm_H(retention heads)) W_O (RetNet §2.2), k scaled by
@@ -1160,7 +1246,7 @@ class RetNet(nn.Module):
     no xPos/rotary rotation (the decay alone tells positions apart; a rotation would need the
     position in the step state, and it is not tested, so it is left out); group norm without
     affine parameters and without RetNet's score normalisations (§2.4, for fp16 stability).
-    State of `step`: one (hs, hs) matrix per head, D·D/H numbers at every t.
+    State of `step`: one (hs, hs) matrix per head, d·d/H numbers at every t.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, impl="fast", chunk_size=32):
@@ -1174,8 +1260,8 @@ class RetNet(nn.Module):
             nn.Linear(d_model, d_model, bias=False) for _ in range(5))
 
     def _heads(self, x):
-        *lead, D = x.shape
-        hs = D // self.num_heads
+        *lead, d = x.shape
+        hs = d // self.num_heads
         q, k, v = (p(x).view(*lead, self.num_heads, hs) for p in (self.q_proj, self.k_proj,
                                                                    self.v_proj))
         return q, k / math.sqrt(hs), v
@@ -1186,27 +1272,21 @@ class RetNet(nn.Module):
         return self.out_proj(F.silu(self.g_proj(x)) * y)
 
     def forward(self, x):
-        B, T, D = x.shape
+        B, T, d = x.shape
         q, k, v = (t.transpose(1, 2) for t in self._heads(x))                 # (B, H, T, hs)
-        if self.impl == "fast":
-            y = retention_chunkwise(q, k, v, self.gamma, self.chunk_size)
-        else:
-            y = RETENTION_IMPLS[self.impl](q, k, v, self.gamma)
-        return self._output(x, y.transpose(1, 2))                             # (B, T, D)
+        y, _ = RETENTION_IMPLS[self.impl](q, k, v, self.gamma, chunk_size=self.chunk_size)
+        return self._output(x, y.transpose(1, 2))                             # (B, T, d)
 
     def step(self, x_t, state=None):
-        q, k, v = self._heads(x_t)                                            # (B, H, hs)
-        S = k[..., :, None] * v[..., None, :]                                 # (B, H, hs, hs)
-        if state is not None:
-            S = S + self.gamma[:, None, None] * state[0]
-        y = torch.einsum("bhd,bhde->bhe", q, S)
-        return self._output(x_t, y), (S,)
+        q, k, v = (t[:, :, None] for t in self._heads(x_t))                  # (B, H, 1, hs)
+        y, S = retention_recurrent(q, k, v, self.gamma, None if state is None else state[0])
+        return self._output(x_t, y[:, :, 0]), (S,)
 
     def state_size(self, t):
         if t == 0:
             return 0                                    # no state before the first token
-        D = self.out_proj.in_features
-        return D * D // self.num_heads
+        d = self.out_proj.in_features
+        return d * d // self.num_heads
 
 
 # ----------------------------------------------------------------------------------------
@@ -1216,8 +1296,12 @@ class RetNet(nn.Module):
 # φ(x) = [1, x / d'^{1/4}, vec(x xᵀ) / (√2 · √d')],  so  φ(q)·φ(k) = 1 + q·k/√d' + (q·k)²/(2d')
 # y_i = Σ_{j<=i} φ(q_i)·φ(k_j) v_j / Σ_{j<=i} φ(q_i)·φ(k_j)
 # The kernel 1 + s + s²/2 = ((1 + s)² + 1)/2 is positive, so the ratio needs no epsilon.
-# The chunked form computes with taylor_feature_map_compact: the same kernel, fewer features.
-# The three forms take (q, k, v): q, k (B, H, T, d'), v (B, H, T, hv).
+# The state, S = Σ_j φ(k_j)ᵀ v_j and z = Σ_j φ(k_j), is kept in the features of
+# taylor_feature_map_compact: the same kernel, fewer features.
+# Every form takes (q, k, v, state=None, chunk_size): q, k (B, H, T, d'), v (B, H, T, hv),
+# state (S (B, H, F, hv), z (B, H, F)) before the first position (None: zeros); chunk_size
+# is the chunked form's, the others ignore it. Each returns (y, the state after the last
+# position).
 
 
 def taylor_feature_map(x):
@@ -1233,8 +1317,8 @@ def taylor_feature_map_compact(x):
 
     x xᵀ is symmetric, so the pair (a, b), a < b, stands for both of its entries with
     weight √2 (its product in φ(q)·φ(k) counts twice): the same kernel 1 + s + s²/2 with
-    153 features instead of 273 for d' = 16. The chunked form computes with it; Based's code
-    keeps all d'² products, and so do our recurrent form and `step`, whose state they size.
+    153 features instead of 273 for d' = 16. Every form's state is in these features (Based's
+    code keeps all d'² products, a state 1.8 times as large for the same function).
     """
     d = x.shape[-1]
     off = x / math.sqrt(d)                      # x_a x_b / √d' = √2 · (x_a x_b / √(2d'))
@@ -1249,39 +1333,50 @@ def _taylor_kernel(q, k):
     return 1 + s + s * s / 2
 
 
-def based_parallel(q, k, v):
+def _read_linear_state(fq, state):
+    """What the state (S, z) before queries with features fq adds to the numerator and to
+    the denominator: (fq S, fq·z)."""
+    S, z = state
+    return fq @ S, (fq @ z[..., None])[..., 0]
+
+
+def based_parallel(q, k, v, state=None, chunk_size=None):
     """The quadratic form: the causal (T, T) kernel matrix. Materializes (B, H, T, T)."""
-    T = q.shape[-2]
-    A = _taylor_kernel(q, k)                                                  # (B, H, T, T)
-    A = A.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), 0.0)
-    return (A @ v) / A.sum(-1, keepdim=True)
+    A = torch.tril(_taylor_kernel(q, k))                                      # (B, H, T, T)
+    num, den = A @ v, A.sum(-1)
+    fk = taylor_feature_map_compact(k)
+    S, z = fk.transpose(-1, -2) @ v, fk.sum(-2)
+    if state is not None:
+        add_num, add_den = _read_linear_state(taylor_feature_map_compact(q), state)
+        num, den, S, z = num + add_num, den + add_den, S + state[0], z + state[1]
+    return num / den[..., None], (S, z)
 
 
-def based_recurrent(q, k, v):
+def based_recurrent(q, k, v, state=None, chunk_size=None):
     """The recurrent form: S_t = S_{t-1} + φ(k_t)ᵀ v_t, z_t = z_{t-1} + φ(k_t),
     y_t = φ(q_t) S_t / φ(q_t)·z_t. T Python steps; state F·hv + F per head."""
-    fq, fk = taylor_feature_map(q), taylor_feature_map(k)                     # (B, H, T, F)
+    fq, fk = taylor_feature_map_compact(q), taylor_feature_map_compact(k)     # (B, H, T, F)
     B, H, T, Fd = fq.shape
-    S, z = q.new_zeros(B, H, Fd, v.shape[-1]), q.new_zeros(B, H, Fd)
+    S, z = (q.new_zeros(B, H, Fd, v.shape[-1]), q.new_zeros(B, H, Fd)) if state is None \
+        else state
     out = []
     for t in range(T):
         S = S + fk[:, :, t, :, None] * v[:, :, t, None, :]
         z = z + fk[:, :, t]
-        num = torch.einsum("bhf,bhfe->bhe", fq[:, :, t], S)
-        out.append(num / (fq[:, :, t] * z).sum(-1, keepdim=True))
-    return torch.stack(out, 2)                                                # (B, H, T, hv)
+        num, den = _read_linear_state(fq[:, :, t, None], (S, z))             # (B, H, 1, .)
+        out.append(num / den[..., None])
+    return torch.cat(out, 2), (S, z)                                          # (B, H, T, hv)
 
 
-def based_chunkwise(q, k, v, chunk_size=64):
+def based_chunkwise(q, k, v, state=None, chunk_size=64):
     """The chunked form: the kernel matrix inside chunks of C, the state S, z across them.
 
     Inside a chunk: B·H·T·C·(d' + hv) multiply-adds. Across chunks the states are sums of
     φ(k)ᵀv over the earlier chunks; building and reading them, 2·B·H·T·F·hv, is the dominant
-    cost, so they use the compact features (the same kernel with F = 1 + d' + d'(d'+1)/2:
-    153 instead of 273 for d' = 16, 44% less). Materializes (B, H, n, C, C), the features
-    of every q and k, and one (F, hv) state per chunk.
+    cost (F = 1 + d' + d'(d'+1)/2, the compact features). Materializes (B, H, n, C, C), the
+    features of every q and k, and one (F, hv) state per chunk.
     """
-    C = chunk_size
+    C = min(chunk_size, q.shape[2])                 # a chunk never longer than the sequence
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
     B, H, Tp, _ = q.shape
     n = Tp // C
@@ -1293,23 +1388,26 @@ def based_chunkwise(q, k, v, chunk_size=64):
     # n chunks (several times faster than torch.cumsum along dimension 2, which strides
     # through memory), the small z by cumsum
     adds = fk.transpose(-1, -2) @ v                                           # (B, H, n, F, hv)
-    S, states = torch.zeros_like(adds[:, :, 0]), []
+    S0, z0 = (torch.zeros_like(adds[:, :, 0]), torch.zeros_like(fk[:, :, 0, 0])) \
+        if state is None else state                                           # entering chunk 0
+    S, states = S0, []
     for c in range(n):
         states.append(S)
         S = S + adds[:, :, c]
-    S = torch.stack(states, 2)
-    z = F.pad(torch.cumsum(fk.sum(3), 2), (0, 0, 1, -1))                      # (B, H, n, F)
-    num = A @ v + fq @ S                                                      # (B, H, n, C, hv)
-    den = A.sum(-1) + torch.einsum("bhncf,bhnf->bhnc", fq, z)
-    return (num / den[..., None]).reshape(B, H, Tp, -1)[:, :, :T]
+    z = torch.cumsum(fk.sum(3), 2)                  # (B, H, n, F); padding has φ(0) ≠ 0,
+    z_final = z0 + fk.flatten(2, 3)[:, :, :T].sum(2)    # so the final z skips it
+    z = F.pad(z, (0, 0, 1, -1)) + z0[:, :, None]                             # entering
+    num, den = _read_linear_state(fq, (torch.stack(states, 2), z))
+    num, den = A @ v + num, A.sum(-1) + den
+    return (num / den[..., None]).reshape(B, H, Tp, -1)[:, :, :T], (S, z_final)
 
 
 BASED_IMPLS = {"fast": based_chunkwise, "reference": based_recurrent, "parallel": based_parallel}
 
 
-class Based(nn.Module):
+class Based(Mixer):
     """Based's linear attention layer: q, k projected to H heads of d' features, v to H heads
-    of D/H, Taylor feature map, causal normalised linear attention, output projection.
+    of d/H, Taylor feature map, causal normalised linear attention, output projection.
 
     The Based layer itself has no convolution: the Based *model* interleaves it with short
     convolution (BaseConv) layers and small sliding-window attention layers, which train.py
@@ -1318,7 +1416,8 @@ class Based(nn.Module):
     at feature_dim=8, one head; the official layer (zoology/mixers/based.py, train_view
     "quadratic": our "parallel" form) adds 1e-12 to the denominator, which needs none here:
     the kernel 1 + s + s²/2 is at least 1/2.
-    State of `step`: S (F, D/H) and z (F,) per head, F = 1 + d' + d'²: H·F·(D/H + 1) numbers.
+    State of `step`: S (F, d/H) and z (F,) per head in the compact features,
+    F = 1 + d' + d'(d'+1)/2: H·F·(d/H + 1) numbers.
     """
 
     rescale_out_proj = False   # the official layer is named proj_o: no rescale
@@ -1338,34 +1437,27 @@ class Based(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
     def _heads(self, x):
-        *lead, D = x.shape
+        *lead, d = x.shape
         H = self.num_heads
         return (self.q_proj(x).view(*lead, H, -1), self.k_proj(x).view(*lead, H, -1),
-                self.v_proj(x).view(*lead, H, D // H))
+                self.v_proj(x).view(*lead, H, d // H))
 
     def forward(self, x):
-        B, T, D = x.shape
+        B, T, d = x.shape
         q, k, v = (t.transpose(1, 2) for t in self._heads(x))                 # (B, H, T, .)
-        if self.impl == "fast":
-            y = based_chunkwise(q, k, v, self.chunk_size)
-        else:
-            y = BASED_IMPLS[self.impl](q, k, v)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, D))
+        y, _ = BASED_IMPLS[self.impl](q, k, v, chunk_size=self.chunk_size)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
 
     def step(self, x_t, state=None):
-        B, D = x_t.shape
-        q, k, v = self._heads(x_t)                                            # (B, H, .)
-        fq, fk = taylor_feature_map(q), taylor_feature_map(k)                 # (B, H, F)
-        S, z = fk[..., :, None] * v[..., None, :], fk
-        if state is not None:
-            S, z = S + state[0], z + state[1]
-        y = torch.einsum("bhf,bhfe->bhe", fq, S) / (fq * z).sum(-1, keepdim=True)
-        return self.out_proj(y.reshape(B, D)), (S, z)
+        B, d = x_t.shape
+        q, k, v = (t[:, :, None] for t in self._heads(x_t))                  # (B, H, 1, .)
+        y, state = based_recurrent(q, k, v, state)
+        return self.out_proj(y.reshape(B, d)), state
 
     def state_size(self, t):
         if t == 0:
             return 0                                    # no state before the first token
-        Fd = 1 + self.feature_dim + self.feature_dim ** 2
+        Fd = 1 + self.feature_dim + self.feature_dim * (self.feature_dim + 1) // 2
         return self.num_heads * Fd * (self.out_proj.in_features // self.num_heads + 1)
 
 
@@ -1374,23 +1466,25 @@ class Based(nn.Module):
 #
 # h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h (d_inner, N), A = -exp(A_log) (d_inner, N)
 # y_t = C_t h_t + D ⊙ x_t
-# The two scans take (x, delta, A, Bm, Cm, D): x, delta (B, T, d_inner), A (d_inner, N),
-# Bm, Cm (B, T, N), D (d_inner,).
+# Both scans take (x, delta, A, Bm, Cm, D, state=None, chunk_size): x, delta (B, T, d_inner),
+# A (d_inner, N), Bm, Cm (B, T, N), D (d_inner,), state h (B, d_inner, N) before the first
+# position (None: 0); chunk_size is the chunked scan's, the sequential one ignores it. Each
+# returns (y, h after the last position).
 
 
-def selective_scan_sequential(x, delta, A, Bm, Cm, D):
+def selective_scan_sequential(x, delta, A, Bm, Cm, D, state=None, chunk_size=None):
     """The recurrence as written, one position at a time (T Python steps of B·d_inner·N)."""
     B, T, d = x.shape
-    h = x.new_zeros(B, d, A.shape[1])
+    h = x.new_zeros(B, d, A.shape[1]) if state is None else state
     out = []
     for t in range(T):
         h = torch.exp(delta[:, t, :, None] * A) * h + \
             (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]           # (B, d, N)
         out.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
-    return torch.stack(out, 1) + D * x                                        # (B, T, d)
+    return torch.stack(out, 1) + D * x, h                                     # (B, T, d)
 
 
-def selective_scan_chunked(x, delta, A, Bm, Cm, D, chunk_size=64):
+def selective_scan_chunked(x, delta, A, Bm, Cm, D, state=None, chunk_size=64):
     """The same recurrence with the n = T/C chunks run side by side: C + n + C Python steps
     instead of T, each C·B·d_inner·N numbers wide instead of B·d_inner·N:
 
@@ -1409,9 +1503,10 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, D, chunk_size=64):
     to be anything but Python and dispatch overhead. Tried and measured slower: keeping
     pass 1's decays for pass 3 (B·T·d_inner·N numbers to write and read back), computing
     all decays in one call, torch.compile. Only a fused kernel, one pass over the state per
-    step, would close the gap. Materializes no (B, T, d_inner, N) tensor.
+    step, would close the gap. Materializes no (B, T, d_inner, N) tensor. The padding has
+    Δ = 0 (decay 1, input 0), so the carry after the last chunk is the final state.
     """
-    C = chunk_size
+    C = min(chunk_size, x.shape[1])                 # a chunk never longer than the sequence
     (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
     B, Tp, d = x.shape
     n, N = Tp // C, A.shape[1]
@@ -1429,7 +1524,8 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, D, chunk_size=64):
     for j in range(C):                                                        # 1.
         h = step(j, h)
     chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)                      # (B, n, N, d)
-    carry, entering = x.new_zeros(B, N, d), []
+    carry = x.new_zeros(B, N, d) if state is None else state.transpose(1, 2)
+    entering = []
     for c in range(n):                                                        # 2.
         entering.append(carry)
         carry = torch.addcmul(h[:, c], chunk_decay[:, c], carry)
@@ -1439,16 +1535,16 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, D, chunk_size=64):
         h = step(j, h)
         y.append(Cc[:, j, :, None] @ h)                                       # (B, n, 1, d)
     y = torch.cat(y, 2).view(B, Tp, d)                                        # (B, T, d)
-    return (y + D * x)[:, :T]
+    return (y + D * x)[:, :T], carry.transpose(1, 2)
 
 
 SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequential}
 
 
-class Mamba(nn.Module):
+class Mamba(Mixer):
     """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
     input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
-    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈D/16⌉.
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈d/16⌉.
 
     Initialised as Mamba initialises itself (Gu & Dao's mamba_simple.py, which the official
     zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), D = 1, Δ log-uniform in
@@ -1458,7 +1554,7 @@ class Mamba(nn.Module):
     official model does (its MambaBlock branch only rescales out_proj; train.init_weights).
     dt_bias is a separate parameter rather than dt_proj's bias (the official code marks
     that bias `_no_reinit` for the same reason).
-    State of `step`: h (d_inner, N) and the last d_conv - 1 conv inputs: d_inner·(N + d_conv - 1).
+    State of `step`: h (d_inner, N) and the last conv inputs: d_inner·(N + min(t, d_conv - 1)).
     """
 
     keeps_own_init = True
@@ -1492,39 +1588,29 @@ class Mamba(nn.Module):
             [self.dt_proj.in_features, self.d_state, self.d_state], dim=-1)
         return F.softplus(self.dt_proj(dt) + self.dt_bias), Bm, Cm
 
-    def forward(self, x):
-        B, T, D = x.shape
+    def _mix(self, x, state, scan):
+        """x (B, T, d) after `state` (None: the start), by `scan`: (y, the new state)."""
+        h, past = (None, None) if state is None else state
         xi, z = self.in_proj(x).chunk(2, dim=-1)                              # (B, T, d_inner)
-        xc = F.silu(causal_conv(xi, self.conv_weight) + self.conv_bias)
+        xc, past = causal_conv(xi, self.conv_weight, state=past)
+        xc = F.silu(xc + self.conv_bias)
         delta, Bm, Cm = self._ssm_inputs(xc)
         A = -torch.exp(self.A_log)                                            # (d_inner, N)
-        if self.impl == "fast":
-            y = selective_scan_chunked(xc, delta, A, Bm, Cm, self.D, self.chunk_size)
-        else:
-            y = selective_scan_sequential(xc, delta, A, Bm, Cm, self.D)
-        return self.out_proj(y * F.silu(z))
+        y, h = scan(xc, delta, A, Bm, Cm, self.D, h, self.chunk_size)
+        return self.out_proj(y * F.silu(z)), (h, past)
+
+    def forward(self, x):
+        return self._mix(x, None, SCAN_IMPLS[self.impl])[0]
 
     def step(self, x_t, state=None):
-        xi, z = self.in_proj(x_t).chunk(2, dim=-1)                            # (B, d_inner)
-        B, d = xi.shape
-        K = self.conv_weight.shape[1]
-        if state is None:
-            state = (xi.new_zeros(B, d, self.d_state), xi.new_zeros(B, K - 1, d))
-        h, past = state
-        window = torch.cat([past, xi[:, None]], 1)                            # (B, K, d)
-        # conv: y_t = Σ_s h[:, s] x_{t-s}; window[:, -1-s] is x_{t-s}
-        xc = F.silu(torch.einsum("bkd,dk->bd", window.flip(1), self.conv_weight) + self.conv_bias)
-        delta, Bm, Cm = self._ssm_inputs(xc)
-        h = torch.exp(delta[..., None] * -torch.exp(self.A_log)) * h + \
-            (delta * xc)[..., None] * Bm[:, None, :]                          # (B, d, N)
-        y = torch.einsum("bdn,bn->bd", h, Cm) + self.D * xc
-        return self.out_proj(y * F.silu(z)), (h, window[:, 1:])
+        y, state = self._mix(x_t[:, None], state, selective_scan_sequential)
+        return y[:, 0], state
 
     def state_size(self, t):
         if t == 0:
             return 0                                    # no state before the first token
         d_inner, K = self.conv_weight.shape
-        return d_inner * (self.d_state + K - 1)
+        return d_inner * (self.d_state + min(t, K - 1))
 
 
 # ----------------------------------------------------------------------------------------
@@ -1569,11 +1655,11 @@ def top_k_rows(scores, k):
     return torch.zeros_like(scores, dtype=torch.bool).scatter(-1, idx, True)
 
 
-class SelectiveAttention(nn.Module):
+class SelectiveAttention(Mixer):
     """Attention whose output rows are kept only where f(u)[i] = 1 (Section 5).
 
     selection="learned" (default) gates with σ(u w + b). In training the gate is soft (the
-    row is multiplied by σ) and `self.aux_loss` holds aux_weight·(1/N)·max(0, Σ σ - top_k)
+    row is multiplied by σ) and forward sets `aux_loss` to aux_weight·(1/N)·max(0, Σ σ - top_k)
     for the training loop to add. At inference the row is kept iff σ > 0.5
     (inference="threshold", the default): causal, so step == forward. inference="topk" is
     the paper's rule, the top_k rows of the whole sequence; it is NOT causal (a row's fate
@@ -1589,10 +1675,12 @@ class SelectiveAttention(nn.Module):
     `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
     pass them (other mixers take x only). selection="random" keeps a seed-fixed subset of
     positions of expected size top_k, the control of Section 5.
-    State of `step`: the KV cache, 2·t·D numbers, plus the t token ids for "programmatic".
+    State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic".
     """
 
     takes_tokens = True
+    # uses_positions stays False: in train.py's CPU recipe (N=64, d=4, 1000 steps, seed 0)
+    # a pure selective-attention model reached 0.860 without positions, 0.242 with learned ones
 
     def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,
                  inference=None, aux_weight=None, form="paper", seed=0, impl="fast"):
@@ -1614,7 +1702,7 @@ class SelectiveAttention(nn.Module):
         self.top_k, self.aux_weight = top_k, aux_weight
         self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
         if selection == "learned":     # the other rules have no parameters of their own
-            # the official gate is an nn.Linear(D, 1, bias=False), which its init draws
+            # the official gate is an nn.Linear(d, 1, bias=False), which its init draws
             # from N(0, 0.02)
             self.gate = nn.Parameter(0.02 * torch.randn(d_model) if official
                                      else torch.zeros(d_model))
@@ -1623,7 +1711,6 @@ class SelectiveAttention(nn.Module):
         g = torch.Generator().manual_seed(seed)
         self.register_buffer("random_rows",
                              torch.rand(seq_len, generator=g) < self._k(seq_len) / seq_len)
-        self.aux_loss = None
 
     def _k(self, T):
         """The row budget for a sequence of T: top_k, else N/4 (paper form) or √N (official;
@@ -1637,29 +1724,31 @@ class SelectiveAttention(nn.Module):
         return torch.sigmoid(x @ self.gate + bias)                           # (B, T) or (B,)
 
     def selection_mask(self, x, tokens=None):
-        """f(u) for a whole sequence x (B, T, D): (B, T), soft in learned training mode; in
-        the official form the kept rows carry their soft f."""
-        B, T, D = x.shape
+        """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode; in
+        the official form the kept rows carry their soft f. Returns (f, the weighted
+        auxiliary loss, None but for the learned selection)."""
+        B, T, d = x.shape
         if self.selection == "programmatic":
             if tokens is None:
                 raise ValueError("tokens=None is not allowed with selection='programmatic': "
                                  "pass the token ids, forward(x, tokens=(B, T) ids)")
-            return programmatic_selection(tokens).to(x.dtype)
+            return programmatic_selection(tokens).to(x.dtype), None
         if self.selection == "random":
             if T > len(self.random_rows):
                 raise ValueError(f"T={T} is not allowed: the random selection is fixed for "
                                  f"seq_len={len(self.random_rows)} positions")
-            return self.random_rows[:T].expand(B, T).to(x.dtype)
+            return self.random_rows[:T].expand(B, T).to(x.dtype), None
         f, k = self._gate(x), self._k(T)
         aux = (official_selection_aux_loss if self.form == "official" else selection_aux_loss)
-        self.aux_loss = self.aux_weight * aux(f, k)
+        aux_loss = self.aux_weight * aux(f, k)
         if self.training:
-            return f
+            return f, aux_loss
         keep = top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5
-        return f * keep if self.form == "official" else keep.to(x.dtype)
+        return (f * keep if self.form == "official" else keep.to(x.dtype)), aux_loss
 
     def forward(self, x, tokens=None):
-        y = self.attention(x) * self.selection_mask(x, tokens)[..., None]
+        f, self.aux_loss = self.selection_mask(x, tokens)
+        y = self.attention(x) * f[..., None]
         return y + x if self.form == "official" else y
 
     def step(self, x_t, state=None, token=None):
@@ -1688,8 +1777,8 @@ class SelectiveAttention(nn.Module):
         return (y + x_t if self.form == "official" else y), kv
 
     def state_size(self, t):
-        D = self.attention.out_proj.in_features
-        return 2 * t * D + (t if self.selection == "programmatic" else 0)
+        d = self.attention.out_proj.in_features
+        return 2 * t * d + (t if self.selection == "programmatic" else 0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1742,26 +1831,30 @@ def bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
     print(f"float32, torch.set_num_threads({threads}); seconds per forward: the best of up "
           f"to 10 calls within 1 s")
     rows = [(name, {}) for name in MIXERS] + BENCH_VARIANTS
-    print(f"{'mixer':<28}{'B':>3}{'T':>6}{'D':>4}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}"
+    print(f"{'mixer':<28}{'B':>3}{'T':>6}{'d':>4}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}"
           f"{'fast/attn':>10}{'state':>10}")
-    for B, T, D in shapes:
-        x = torch.randn(B, T, D)
+    for B, T, d in shapes:
+        x = torch.randn(B, T, d)
         for name, kwargs in rows:
-            cls = MIXERS[name]
             label = name + "".join(f" {k}={v}" for k, v in kwargs.items())
-            has_ref = "impl" in inspect.signature(cls).parameters
-            fast = cls(D, T, impl="fast", **kwargs) if has_ref else cls(D, T, **kwargs)
-            tf = _forward_seconds(fast, x)
+            fast = MIXERS[name](d, T, impl="fast", **kwargs)
+            ref = MIXERS[name](d, T, impl="reference", **kwargs)
+            ref.load_state_dict(fast.state_dict())
+            tf, tr = _forward_seconds(fast, x), _forward_seconds(ref, x)
             if name == "attention":
                 t_attention = tf                              # the first row of MIXERS
-            tr = ratio = "-"
-            if has_ref:
-                ref = cls(D, T, impl="reference", **kwargs)
-                ref.load_state_dict(fast.state_dict())
-                tr = _forward_seconds(ref, x)
-                tr, ratio = f"{tr:.4f}", f"{tr / tf:.1f}"
-            print(f"{label:<28}{B:>3}{T:>6}{D:>4}{tf:>10.4f}{tr:>10}{ratio:>9}"
+            print(f"{label:<28}{B:>3}{T:>6}{d:>4}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}"
                   f"{tf / t_attention:>10.2f}{fast.state_size(T):>10}")
+    # the windowed forms alone: the rows above also time the projections, which cost every
+    # attention module the same and so bound the windowed modules' fast/attn from below
+    B, T, d = shapes[-1]
+    q, k, v = (torch.randn(B, 1, T, d) for _ in range(3))
+    t_full, ratios = _forward_seconds(lambda q: attention_fast(q, k, v), q), []
+    for f in (sliding_window_fast, blocked_attention_fast):
+        t = _forward_seconds(lambda q: f(q, k, v, 32), q)
+        ratios.append(f"{f.__name__}(q, k, v, 32) {t / t_full:.3f}")
+    print(f"time over attention_fast(q, k, v)'s at (B, H, T, hs) = {(B, 1, T, d)}: "
+          + ", ".join(ratios))
 
 
 if __name__ == "__main__":

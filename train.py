@@ -25,8 +25,8 @@ Usage:
 Every run writes one JSON record (its config, test accuracy, steps, times, device, torch
 version and how it ended) to `out_dir` as soon as it ends.
 
-Glossary (code name -> paper symbol): B batch, T = seq_len (N), D = d_model (d),
-num_kv_pairs (D in Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
+Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
+num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
 """
 import dataclasses
 import difflib
@@ -340,19 +340,13 @@ class Block(nn.Module):
 
     def forward(self, x, tokens):
         # selective attention's programmatic rule reads token ids; no other mixer sees them
-        extra = {"tokens": tokens} if getattr(self.mixer, "takes_tokens", False) else {}
+        extra = {"tokens": tokens} if self.mixer.takes_tokens else {}
         return self._second_sublayer(x + self.mixer(self.norm1(x), **extra))
 
     def step(self, x_t, state, token):
-        extra = {"token": token} if getattr(self.mixer, "takes_tokens", False) else {}
+        extra = {"token": token} if self.mixer.takes_tokens else {}
         y_t, state = self.mixer.step(self.norm1(x_t), state, **extra)
         return self._second_sublayer(x_t + y_t), state
-
-
-# mixers that have no notion of order but the causal mask: they get learned positions by
-# default, as attention does in the official configs (max_position_embeddings = N for
-# attention only)
-ATTENTION_LIKE = ("attention", "sliding_window", "blocked_attention")
 
 
 class LanguageModel(nn.Module):
@@ -363,8 +357,10 @@ class LanguageModel(nn.Module):
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         layers = parse_layers(c.mixer, c.n_layers)
+        # "auto": learned positions when every mixer asks for them (`uses_positions`), as
+        # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
-                   all(name in ATTENTION_LIKE for name, _ in layers)))
+                   all(MIXERS[name].uses_positions for name, _ in layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
@@ -374,7 +370,7 @@ class LanguageModel(nn.Module):
         init_weights(self, c.init, c.n_layers, c.block)
 
     def forward(self, tokens):
-        """tokens (B, T) -> final hidden states (B, T, D); `logits` turns rows into scores."""
+        """tokens (B, T) -> final hidden states (B, T, d); `logits` turns rows into scores."""
         B, T = tokens.shape
         x = self.embed(tokens)
         if self.pos is not None:
@@ -385,14 +381,12 @@ class LanguageModel(nn.Module):
         return self.norm(x)
 
     def aux_loss(self):
-        """Sum of the auxiliary losses the mixers left from the last forward, each already
-        weighted by its mixer (Section 5's learned selection); 0 when no mixer has one."""
-        losses = [m.aux_loss for m in self.modules() if getattr(m, "aux_loss", None) is not None
-                  and isinstance(m.aux_loss, torch.Tensor)]
-        return sum(losses) if losses else 0.0
+        """Sum of the mixers' `aux_loss` from the last forward, each already weighted by its
+        mixer (Section 5's learned selection); 0 when no mixer has one."""
+        return sum(b.mixer.aux_loss for b in self.blocks if b.mixer.aux_loss is not None)
 
     def step(self, token, position, states=None):
-        """One token (B,) at `position` -> (final hidden state (B, D), new per-layer states).
+        """One token (B,) at `position` -> (final hidden state (B, d), new per-layer states).
 
         The recurrent view of `forward`: every mixer runs its own `step`."""
         x = self.embed(token)
@@ -407,7 +401,7 @@ class LanguageModel(nn.Module):
         return self.norm(x), new_states
 
     def logits(self, hidden):
-        """(..., D) -> (..., c): the head is the token embedding, transposed."""
+        """(..., d) -> (..., c): the head is the token embedding, transposed."""
         return hidden @ self.embed.weight.T
 
 
@@ -454,7 +448,7 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
     if scheme == "gpt2":
         for b in model.blocks:
             parts = [b.mlp] if b.mlp is not None else []
-            if getattr(b.mixer, "rescale_out_proj", True):
+            if b.mixer.rescale_out_proj:
                 parts.append(b.mixer)
             for part in parts:
                 for name, module in part.named_modules():
@@ -470,7 +464,7 @@ def labelled_loss(model, inputs, labels):
     computes them at every position.
     Returns (mean loss, number of correct argmax predictions, M).
     """
-    hidden = model(inputs)                                                   # (B, T, D)
+    hidden = model(inputs)                                                   # (B, T, d)
     mask = labels != IGNORE
     logits = model.logits(hidden[mask])                                      # (M, c)
     target = labels[mask]
