@@ -49,17 +49,19 @@ is in real numbers.
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
 an nn.Module only holds parameters and calls them. A computation with several forms keeps
-them in one dict (ATTENTION_IMPLS, CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS,
-SCAN_IMPLS): the forms of one computation take the same arguments, a module picks one by
-its `impl` option as `X_IMPLS[self.impl](...)`, and the tests assert they agree. Forms of a
+them in one dict (ATTENTION_IMPLS, SLIDING_WINDOW_IMPLS, BLOCKED_ATTENTION_IMPLS,
+CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS, SCAN_IMPLS): the forms of one
+computation take the same arguments, a module's `impl` option names one, and the tests
+assert they agree. Forms of a
 recurrence take the state before their first position (state=None: the start) and return
 (y, the state after their last), as flash-linear-attention's naive kernels do
 (initial_state, output_final_state). So `step` is a recurrence run on one token: the
-reference form of RWKV, RetNet, Based and Mamba, causal_conv with its state in the
-convolutions.
+reference form of RetNet, Based and Mamba, RWKV's wkv_step (the one step its reference
+loops over), causal_conv with its state in the convolutions.
 
-Glossary (code name -> paper symbol; the paper's N, d and D as every file of this project
-uses them, except that a sequence's length is T here, since N is the SSMs' state size):
+Glossary (code name -> paper symbol; the paper's N, d and D as mqar.py and train.py use
+them, except that a sequence's length is T here, since N is the SSMs' state size;
+theory.py's Thm 4.2 section and the mixer tests say in their glossaries why they differ):
   B batch, T sequence length (the paper's N), d model width (d), H heads,
   hs = d // H head size (d_h), c vocabulary size, W sliding window, b block size,
   K filter length (taps), h filter (d, K) with h[:, s] the weight of lag s,
@@ -114,10 +116,11 @@ class Mixer(nn.Module):
     """What every mixer of MIXERS is: the interface of this module's docstring (forward,
     step, state_size), plus facts that a model reads from the class rather than from lists
     of names, each False/None unless a mixer says otherwise:
-      uses_positions    it cannot tell positions apart (attention sees a set of keys under
-                        its mask), so a model gives it learned position embeddings;
+      uses_positions    a model's position_embedding="auto" gives it learned position
+                        embeddings (attention's family: a set of keys under its mask);
       takes_tokens      forward(x, tokens) and step(x_t, state, token) need the token ids;
-      keeps_own_init    a model's initialisation leaves its parameters as it drew them;
+      keeps_own_init    a model's initialisation leaves its parameters as it drew them
+                        (any submodule may say so too: the implicit filters do);
       rescale_out_proj  the official GPT-2 initialisation rescales its `out_proj` (False
                         where the official layer has another name for it);
       aux_loss          set by forward: the weighted auxiliary loss that training adds to
@@ -238,7 +241,7 @@ class Attention(Mixer):
     Figure 2 configs use 0.1 (and 1 head), the default is 0. In eval mode no weight is
     dropped, so there `forward` and `step` compute one function.
     The state of `step` is the KV cache: 2·t·d numbers after t tokens.
-    Subclasses narrow what a token sees by overriding `impls`, `attend` and `cache_len`.
+    Subclasses narrow what a token sees by overriding `impls`, `form_args` and `cache_len`.
     """
 
     uses_positions = True               # a set of keys under a mask: no order of its own
@@ -254,9 +257,11 @@ class Attention(Mixer):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
+    form_args = ()                      # what a subclass's forms take besides q, k, v, dropout
+
     def attend(self, q, k, v, dropout):
         """(B, H, T, hs) -> (B, H, T, hs) in the form `impl` picks."""
-        return self.impls[self.impl](q, k, v, dropout)
+        return self.impls[self.impl](q, k, v, *self.form_args, dropout)
 
     def cache_len(self, n):
         """How many of the n most recent keys/values a later token can still attend to."""
@@ -307,12 +312,8 @@ class SlidingWindowAttention(Attention):
     def __init__(self, d_model, seq_len, window=32, num_heads=1, dropout=0.0, impl="fast",
                  bias=True):
         check_positive("window", window)
-        super().__init__(d_model, seq_len, num_heads=num_heads, dropout=dropout, impl=impl,
-                         bias=bias)
-        self.window = window
-
-    def attend(self, q, k, v, dropout):
-        return self.impls[self.impl](q, k, v, self.window, dropout)
+        super().__init__(d_model, seq_len, num_heads, dropout, impl, bias)
+        self.window, self.form_args = window, (window,)
 
     def cache_len(self, n):
         return min(n, self.window - 1)
@@ -331,12 +332,8 @@ class BlockedAttention(Attention):
     def __init__(self, d_model, seq_len, block_size=32, num_heads=1, dropout=0.0, impl="fast",
                  bias=True):
         check_positive("block_size", block_size)
-        super().__init__(d_model, seq_len, num_heads=num_heads, dropout=dropout, impl=impl,
-                         bias=bias)
-        self.block_size = block_size
-
-    def attend(self, q, k, v, dropout):
-        return self.impls[self.impl](q, k, v, self.block_size, dropout)
+        super().__init__(d_model, seq_len, num_heads, dropout, impl, bias)
+        self.block_size, self.form_args = block_size, (block_size,)
 
     def cache_len(self, n):
         return n % self.block_size
@@ -394,15 +391,21 @@ def causal_conv(u, h, impl="fast", state=None):
 
     state: the inputs before u, (B, P, d) oldest first (None: the sequence starts here).
     Returns y (B, T, d) and the state after u: its last min(P+T, K-1) inputs, all that a
-    later output can still reach. One token at a time, u (B, 1, d), this is the step.
+    later output can still reach.
     impl="reference" is the direct sum over lags; "fast" is the same sum for
-    K <= SHORT_FILTER and the FFT for longer filters (CONV_IMPLS).
+    K <= SHORT_FILTER and the FFT for longer filters (CONV_IMPLS). One token at a time,
+    u (B, 1, d), is the step: one output, the sum over its window in one product, O(K)
+    rather than a convolution of the whole history.
     """
     check_choice("impl", impl, tuple(CONV_IMPLS))
     P = 0 if state is None else state.shape[1]
     if P:
         u = torch.cat([state, u], dim=1)                                    # (B, P+T, d)
-    y = CONV_IMPLS[impl](u, h)[:, P:]
+    if u.shape[1] - P == 1:                         # y_t = Σ_s h[:, s] u_{t-s}
+        window = u[:, -h.shape[1]:].flip(1)                                  # u_t, u_{t-1}, ...
+        y = torch.einsum("bsd,ds->bd", window, h[:, :window.shape[1]])[:, None]
+    else:
+        y = CONV_IMPLS[impl](u, h)[:, P:]
     return y, u[:, max(0, u.shape[1] - (h.shape[1] - 1)):]
 
 
@@ -1224,10 +1227,9 @@ def retention_chunkwise(q, k, v, gamma, state=None, chunk_size=32):
     q, k, v = (t.view(B, H, n, C, -1).transpose(1, 2).contiguous() for t in (q, k, v))
     y = ((q @ k.transpose(-1, -2)) * _decay_matrix(gamma, C)) @ v             # (B, n, H, C, hv)
     adds = _state_after(k, v, gamma)                # chunk c's own sum at its end (B, n, H, hs, hv)
-    R, states = torch.zeros_like(adds[:, 0]) if state is None else state, []
-    for c in range(n):                              # the states entering each chunk
-        states.append(R)
-        R = torch.addcmul(adds[:, c], gamma[:, None, None] ** C, R)
+    states = [torch.zeros_like(adds[:, 0]) if state is None else state]
+    for c in range(n - 1):                          # the states entering each chunk
+        states.append(torch.addcmul(adds[:, c], gamma[:, None, None] ** C, states[-1]))
     y = y + _read_state(q, gamma, torch.stack(states, 1))
     r = T - (n - 1) * C                             # the last chunk's real positions
     final = _state_after(k[:, -1, :, :r], v[:, -1, :, :r], gamma, states[-1])
@@ -1679,7 +1681,7 @@ class SelectiveAttention(Mixer):
     """
 
     takes_tokens = True
-    # uses_positions stays False: in train.py's CPU recipe (N=64, d=4, 1000 steps, seed 0)
+    # uses_positions stays False: in train.py's CPU recipe (N=64, D=4, d=64, 1000 steps, seed 0)
     # a pure selective-attention model reached 0.860 without positions, 0.242 with learned ones
 
     def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,

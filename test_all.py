@@ -998,11 +998,7 @@ def test_seq_len_is_checked(name):
 
 
 # ----------------------------------------------------------------------------------------
-# mixers.py: recurrences, linear attention, Mamba, selective attention
-
-
-# ----------------------------------------------------------------------------------------
-# RWKV
+# mixers.py: recurrences, linear attention, Mamba, selective attention: their forms first
 
 def recurrence(name, T, seed=0):
     """(forms, run) of one recurrence on random inputs of T positions: run(form, positions,
@@ -1055,6 +1051,9 @@ def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_stat
                 for a, b in zip(comparable(got), comparable(state), strict=True):
                     assert torch.allclose(a, b, atol=1e-10, rtol=1e-10), (form, C)
 
+
+# ----------------------------------------------------------------------------------------
+# RWKV
 
 @pytest.mark.parametrize("impl,chunk_size", [("fast", 5), ("fast", 64), ("reference", 64)])
 def test_rwkv_module_is_time_mixing_written_out(impl, chunk_size):

@@ -75,6 +75,12 @@ def _ok(flag):
     return "[green]pass[/green]" if flag else "[red]FAIL[/red]"
 
 
+def _exact_row(statement, pred, labels, resources):
+    """A report row for a construction that must answer every MQAR query."""
+    acc = mqar_accuracy(pred, labels)
+    return statement, _ok(acc == 1.0) + f" acc {acc:.2f}", resources
+
+
 # ----------------------------------------------------------------------------------------
 # H.1 notation: polynomials, convolutions, Hadamard product
 
@@ -168,14 +174,14 @@ def cyclic_conv_fft(u, v):
     return torch.fft.irfft(torch.fft.rfft(u, n=n) * torch.fft.rfft(v, n=n), n=n)
 
 
-CONV_IMPLS = {"direct": conv_direct, "poly": conv_poly, "fft": conv_fft}
+LINEAR_CONV_IMPLS = {"direct": conv_direct, "poly": conv_poly, "fft": conv_fft}
 CYCLIC_CONV_IMPLS = {"direct": cyclic_conv_direct, "poly": cyclic_conv_poly,
                      "fft": cyclic_conv_fft}
 
 
 def conv(u, v, cyclic=False, impl="fft"):
     """u * v (cyclic=False) or u ⊛ v (cyclic=True) along the last axis; impl picks the way."""
-    impls = CYCLIC_CONV_IMPLS if cyclic else CONV_IMPLS
+    impls = CYCLIC_CONV_IMPLS if cyclic else LINEAR_CONV_IMPLS
     check_choice("impl", impl, tuple(impls))
     if u.shape[-1] != v.shape[-1]:
         raise ValueError(f"v has length {v.shape[-1]}; it must equal the length of u, "
@@ -992,12 +998,10 @@ def check_thm_4_4(seed=0):
     for N, D, c in ((16, 2, 32), (32, 4, 64), (64, 8, 128)):
         x, y = multiquery_ar(8, c, N, D, seed=seed)
         pred, layers = mqar_baseconv_input_independent(x, c, list(range(1, N)))
-        b, acc = math.ceil(math.log2(c)), mqar_accuracy(pred, y)
-        need = max(key_query_distances(x, y))
-        rows.append((f"Thm 4.4 input-indep. filters, N={N} c={c}",
-                     _ok(acc == 1.0) + f" acc {acc:.2f}",
-                     f"(L,N',d')={inner_dim(layers)}; d' = 2b(N-1); max distance used "
-                     f"{need} -> width {2 * b * need} = {2 * b * need / N:.1f} N"))
+        b, need = math.ceil(math.log2(c)), max(key_query_distances(x, y))
+        rows.append(_exact_row(f"Thm 4.4 input-indep. filters, N={N} c={c}", pred, y,
+                               f"(L,N',d')={inner_dim(layers)}; d' = 2b(N-1); max distance "
+                               f"used {need} -> width {2 * b * need} = {2 * b * need / N:.1f} N"))
     return rows
 
 
@@ -1086,16 +1090,14 @@ def check_thm_4_5(seed=0):
         x, y = multiquery_ar(8, c, N, D, random_non_queries=True, seed=seed)
         need = needed_distances(x, y)
         pred, layers = mqar_baseconv_input_dependent(x, c, need)
-        t, acc = max(map(len, need)), mqar_accuracy(pred, y)
-        covered = []
+        t, covered = max(map(len, need)), []
         for filler in (False, True):
             xx, yy = multiquery_ar(8, c, N, D, random_non_queries=filler, seed=seed)
             covered.append(sum(set(d) <= set(top_lags(xx[i:i + 1], c, len(d))[0])
                                for i, d in enumerate(needed_distances(xx, yy))))
-        rows.append((f"Thm 4.5 input-dep. filters, N={N} c={c}",
-                     _ok(acc == 1.0) + f" acc {acc:.2f}",
-                     f"L=4, d'=2ct ≤ {2 * c * t}; top-t lags cover {covered[0]}/8 (filler), "
-                     f"{covered[1]}/8 (random) [erratum]"))
+        rows.append(_exact_row(f"Thm 4.5 input-dep. filters, N={N} c={c}", pred, y,
+                               f"L=4, d'=2ct ≤ {2 * c * t}; top-t lags cover {covered[0]}/8 "
+                               f"(filler), {covered[1]}/8 (random) [erratum]"))
     return rows
 
 
@@ -1784,12 +1786,11 @@ def check_mqar_retnet(seed=0):
     """H.6 on mqar.py instances: the one-hot-key RetNet state answers every query."""
     N, D, c = 64, 8, 128
     x, y = multiquery_ar(16, c, N, D, random_non_queries=True, seed=seed)
-    acc = mqar_accuracy(mqar_retnet(x, c, D), y)
     b = math.ceil(math.log2(c // 2))
-    return [(f"H.6  RetNet (one-hot keys) on mqar.py, N={N} D={D} c={c}",
-             _ok(acc == 1.0) + f" acc {acc:.2f}",
-             f"state c x b = {c}x{b} = {c * b} bits vs bound "
-             f"{index_bound_bits(D, c // 2):.1f}: orthogonal keys need a row per token")]
+    return [_exact_row(f"H.6  RetNet (one-hot keys) on mqar.py, N={N} D={D} c={c}",
+                       mqar_retnet(x, c, D), y, f"state c x b = {c}x{b} = {c * b} bits vs "
+                       f"bound {index_bound_bits(D, c // 2):.1f}: orthogonal keys need a row "
+                       "per token")]
 
 
 # ----------------------------------------------------------------------------------------

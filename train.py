@@ -58,7 +58,7 @@ class Config:
     n_layers: int = 2
     block: str = "pre_norm"           # one of BLOCKS: "pre_norm", "identity_mlp", "rms_pre_norm"
     mlp: bool = False                 # the Figure 2 configs have no MLP
-    position_embedding: str = "auto"  # "auto" (learned iff every layer is attention-like),
+    position_embedding: str = "auto"  # "auto" (learned iff every mixer `uses_positions`),
                                       # "learned" or "none"
     dropout: float = 0.0              # on the embeddings (the official configs: 0.1)
     init: str = "normal"              # "normal" or "gpt2" (the official scheme): see init_weights
