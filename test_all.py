@@ -630,26 +630,16 @@ def test_causal_conv_forms_agree(T, K):
         assert torch.allclose(form(u, h), ref, atol=1e-12), form
 
 
-def test_causal_conv_fast_path_choice_and_gradients(monkeypatch):
-    """Short filters go through the direct sum and long ones through the FFT; the two
-    differentiate alike, and the direct sum passes gradcheck."""
-    calls = []
-    for name in ("causal_conv_direct", "causal_conv_fft"):
-        form = getattr(mixers, name)
-        monkeypatch.setattr(mixers, name, lambda u, h, form=form, name=name: (
-            calls.append(name), form(u, h))[1])
-    u = torch.randn(2, 40, 3, dtype=F64, requires_grad=True)
-    gy = torch.randn(2, 40, 3, dtype=F64)
-    for K, expected in ((mixers.SHORT_FILTER, "causal_conv_direct"),
-                        (mixers.SHORT_FILTER + 1, "causal_conv_fft"), (40, "causal_conv_fft")):
-        h = torch.randn(3, K, dtype=F64, requires_grad=True)
-        calls.clear()
-        grads = [torch.autograd.grad(form(u, h), [u, h], gy) for form in (
-            mixers.causal_conv_fast, mixers.CONV_IMPLS["reference"], mixers.causal_conv_fft)]
-        assert calls[0] == expected
-        for a, b in zip(grads[0] + grads[1], grads[2] + grads[2]):
-            assert torch.allclose(a, b, atol=1e-10)
-    u, h = u[:1, :9].detach().requires_grad_(), torch.randn(3, 4, dtype=F64, requires_grad=True)
+def test_causal_conv_fast_takes_the_direct_sum_for_short_filters_only(monkeypatch):
+    """The fast form is the direct sum up to SHORT_FILTER taps and the FFT beyond (the two
+    agree in value and gradient: test_mixer_fast_equals_reference sends every filter through
+    the FFT); the direct sum passes gradcheck."""
+    monkeypatch.setattr(mixers, "causal_conv_fft", lambda u, h: "fft")
+    u = torch.randn(2, 40, 3, dtype=F64)
+    for K, form in ((mixers.SHORT_FILTER, "direct"), (mixers.SHORT_FILTER + 1, "fft"), (40, "fft")):
+        y = mixers.causal_conv_fast(u, torch.randn(3, K, dtype=F64))
+        assert (y == "fft" if form == "fft" else torch.is_tensor(y)), K
+    u, h = u[:1, :9].requires_grad_(), torch.randn(3, 4, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(mixers.causal_conv_direct, (u, h))
     with pytest.raises(ValueError, match="impl"):
         mixers.causal_conv(u, h, "refrence")
