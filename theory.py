@@ -58,7 +58,7 @@ Each claim has a check_...(seed) right below its construction, returning report 
 import itertools
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -75,10 +75,11 @@ def _ok(flag):
     return "[green]pass[/green]" if flag else "[red]FAIL[/red]"
 
 
-def _exact_row(statement, pred, labels, resources):
-    """A report row for a construction that must answer every MQAR query."""
+def _exact_row(statement, pred, labels, resources, controls=True):
+    """A report row for a construction that must answer every MQAR query (and whose
+    negative controls, if any, must hold)."""
     acc = mqar_accuracy(pred, labels)
-    return statement, _ok(acc == 1.0) + f" acc {acc:.2f}", resources
+    return statement, _ok(acc == 1.0 and controls) + f" acc {acc:.2f}", resources
 
 
 # ----------------------------------------------------------------------------------------
@@ -194,21 +195,30 @@ def hadamard(u, v):
     return coeff(poly(u) * poly(v), u.shape[-1])
 
 
-def check_convolutions(seed=0):
-    """H.1: u * v and u ⊛ v the three ways agree; the printed 'u ⊛ e_0 reverses u' is false."""
+def check_convolutions(seed=0, sizes=(7, 64)):
+    """H.1: u * v and u ⊛ v the three ways agree with the defining sum; two errata: the FFT
+    product without zero padding is cyclic, not linear, and 'u ⊛ e_0 reverses u' is false."""
     g = torch.Generator().manual_seed(seed)
-    ok = True
-    for n in (7, 64):
+    ok = unpadded = kept = True
+    for n in sizes:
         u, v = torch.randn(2, 3, n, generator=g, dtype=DTYPE)
+        i = n // 2
         for cyclic in (False, True):
             ref = conv(u, v, cyclic, "direct")
-            ok &= all(torch.allclose(conv(u, v, cyclic, i), ref, atol=1e-9)
-                      for i in ("poly", "fft"))
-    e0 = torch.zeros(64, dtype=DTYPE)
-    e0[0] = 1
-    out = conv(u[0], e0, True)
-    kept = torch.allclose(out, u[0]) and not torch.allclose(out, u[0].flip(-1))
-    return [("H.1  u*v, u⊛v: direct = poly mod = FFT", _ok(ok), "n = 7, 64"),
+            loop = sum(u[..., j] * v[..., (i - j) % n] for j in range(n if cyclic else i + 1))
+            ok &= torch.allclose(ref[..., i], loop, atol=1e-9) and all(
+                torch.allclose(conv(u, v, cyclic, im), ref, atol=1e-9) for im in ("poly", "fft"))
+        fft = torch.fft.irfft(torch.fft.rfft(u) * torch.fft.rfft(v), n=n)
+        unpadded &= torch.allclose(fft, conv(u, v, True, "direct")) and (
+            n == 1 or not torch.allclose(fft, conv(u, v, False, "direct"), atol=1e-3))
+        e0 = torch.zeros(n, dtype=DTYPE)
+        e0[0] = 1
+        for impl in ("direct", "poly", "fft"):
+            out = conv(u, e0.expand_as(u), True, impl)
+            kept &= torch.allclose(out, u) and (n == 1 or not torch.allclose(out, u.flip(-1)))
+    return [("H.1  u*v, u⊛v: direct = poly mod = FFT = the sum", _ok(ok), f"n = {sizes}"),
+            ("erratum: u * v = iFFT(FFT(u) FFT(v)) unpadded (printed)",
+             _ok(unpadded) + " (that is u ⊛ v)", "pad both to 2n"),
             ("erratum: 'u ⊛ e_0 reverses u' (printed)", _ok(kept) + " (claim false)",
              "u ⊛ e_0 = u")]
 
@@ -418,12 +428,21 @@ def _prune(circuit):
     return Circuit(circuit.num_vars, nodes)
 
 
-def check_degree(seed=0):
-    """Def H.1: on 8 random circuits the Schwartz-Zippel degree is the expanded one."""
-    cs = [random_circuit(3, 1 + k % 4, 1 + k % 3, seed=seed + k) for k in range(8)]
-    ok = all(degree(c, "random", seed) == degree(c, "symbolic") <= degree_bound(c) for c in cs)
+def check_degree(seed=0, count=8):
+    """Def H.1 on random circuits: the Schwartz-Zippel degree is the expanded one, at most the
+    bound; depth is as asked, width bounds the live values, evaluation is the expansion."""
+    g = torch.Generator().manual_seed(seed)
+    cs = [random_circuit(1 + k % 3, 1 + k % 4, 1 + k % 3, seed=seed + k) for k in range(count)]
+    ok = True
+    for k, c in enumerate(cs):
+        x = torch.randn(c.num_vars, generator=g, dtype=DTYPE)
+        ref = sum(a * math.prod(x[j].item() ** e for j, e in enumerate(m))
+                  for m, a in expand(c).items())
+        ok &= (degree(c, "random", seed) == degree(c, "symbolic") <= degree_bound(c)
+               and depth(c) == 1 + k % 4 and all(len(l) <= width(c) for l in live_values(c))
+               and abs(evaluate(c, x).item() - ref) <= 1e-8 * (1 + abs(ref)))
     return [("Def H.1  degree (Schwartz-Zippel) = expanded", _ok(ok),
-             f"8 circuits, sizes {min(map(size, cs))}-{max(map(size, cs))}")]
+             f"{count} circuits, sizes {min(map(size, cs))}-{max(map(size, cs))}")]
 
 
 # ----------------------------------------------------------------------------------------
@@ -562,20 +581,30 @@ def kmatrix_params(factors):
     return sum(tw.numel() for tw in factors)
 
 
-def check_kmatrices(seed=0):
-    """Def H.17: DFT_m = butterfly factors times bit reversal; Def H.3: K-matrix fast = dense."""
-    g, m = torch.Generator().manual_seed(seed), 64
+def check_kmatrices(seed=0, m=64, w=1):
+    """Def H.17: DFT_m is log2 m butterfly factors times the bit reversal (without it, not the
+    DFT); Def H.3: a K-matrix in (BB*)^w, fast = dense, dense from 4 w m log m numbers."""
+    g, logm = torch.Generator().manual_seed(seed), m.bit_length() - 1
     factors, perm = dft_butterfly(m)
     j = torch.arange(m, dtype=DTYPE)
     F = torch.exp(-2j * math.pi * torch.outer(j, j) / m)
-    dft = torch.allclose(kmatrix_dense(factors)[:, perm.argsort()], F, atol=1e-9)
-    K = random_kmatrix(m, 1, g)
     x = torch.randn(4, m, generator=g, dtype=DTYPE)
-    fast = torch.allclose(kmatrix_apply(x, K), kmatrix_apply(x, K, "dense"), atol=1e-9)
+    xc = x.to(torch.complex128)
+    nnz = sum(int((butterfly_factor_dense(tw) != 0).sum()) for tw in factors)
+    dft = (torch.allclose(kmatrix_dense(factors)[:, perm.argsort()], F, atol=1e-9)
+           and torch.allclose(kmatrix_apply(xc[:, perm], factors), torch.fft.fft(xc), atol=1e-9)
+           and len(factors) == logm and nnz == kmatrix_params(factors) == 2 * m * logm
+           and (m == 2 or not torch.allclose(kmatrix_dense(factors), F, atol=1e-3)))
+    K = random_kmatrix(m, w, g)
+    fast = (torch.allclose(kmatrix_apply(x, K), kmatrix_apply(x, K, "dense"), atol=1e-9)
+            and len(K) == 2 * w * logm and kmatrix_params(K) == 4 * w * m * logm
+            and (kmatrix_dense(K) != 0).all() and torch.equal(
+                butterfly_factor_dense(butterfly_factor_adjoint(K[-1])),
+                butterfly_factor_dense(K[-1]).T.conj()))
     return [("Def H.17 DFT_m = B_m...B_2 P (bit reversal)", _ok(dft),
              f"m={m}: {kmatrix_params(factors)} nonzeros = 2m log m vs m² = {m * m}"),
-            ("Def H.3  K-matrix (BB*)^1: fast = dense", _ok(fast),
-             f"{kmatrix_params(K)} params = 4m log m vs m² = {m * m}")]
+            (f"Def H.3  K-matrix (BB*)^{w}: fast = dense", _ok(fast),
+             f"{kmatrix_params(K)} params = 4wm log m vs m² = {m * m}")]
 
 
 # ----------------------------------------------------------------------------------------
@@ -769,21 +798,33 @@ def random_layer(Np, dp, generator, cyclic=False):
                  cyclic)
 
 
-def check_primitives(seed=0):
-    """H.3: shift_down, shift_up, remember on a random u (12, 4), s = 3; the printed X^{s+1}."""
+def check_primitives(seed=0, Np=12, dp=4):
+    """H.3 on a random u (Np, dp), every s: shift_down (the printed X^{s+1} shifts by s+1),
+    shift_up (one cyclic layer; causal, it fails), stack and remember."""
     g = torch.Generator().manual_seed(seed)
-    Np, dp, s = 12, 4, 3
-    u = torch.randn(Np, dp, generator=g, dtype=DTYPE)
-    down, up = torch.zeros_like(u), torch.zeros_like(u)
-    down[s:], up[:Np - s] = u[:Np - s], u[s:]
-    f = [random_layer(Np, dp, g) for _ in range(2)]
-    r = torch.randn(Np, 2, generator=g, dtype=DTYPE)
-    kept = baseconv_stack(torch.cat([u, r], 1), remember(f, 2))
-    ok = (torch.allclose(baseconv_stack(u, shift_down(Np, dp, s)), down)
-          and torch.allclose(baseconv_stack(u, shift_up(Np, dp, s)), up)
-          and torch.allclose(kept, torch.cat([baseconv_stack(u, f), r], 1)))
-    printed = torch.allclose(baseconv_stack(u, convolution(impulse(Np, dp, s + 1))), down)
-    return [("H.3  shift_down, shift_up (1 cyclic layer), remember", _ok(ok), "1, 1, L layers"),
+    u = torch.randn(2, Np, dp, generator=g, dtype=DTYPE)
+    ok, printed = True, False
+    for s in range(Np):
+        down, up = torch.zeros_like(u), torch.zeros_like(u)
+        down[:, s:], up[:, :Np - s] = u[:, :Np - s], u[:, s:]
+        causal = [replace(l, cyclic=False) for l in shift_up(Np, dp, s)]
+        ok &= (torch.allclose(baseconv_stack(u, shift_down(Np, dp, s)), down)
+               and torch.allclose(baseconv_stack(u, shift_up(Np, dp, s)), up)
+               and (s == 0 or not torch.allclose(baseconv_stack(u, causal), up, atol=1e-3)))
+        if s + 1 < Np:
+            printed |= torch.allclose(baseconv_stack(u, convolution(impulse(Np, dp, s + 1))),
+                                      down, atol=1e-3)
+    f1 = [random_layer(Np, dp, g) for _ in range(2)]
+    f2 = [random_layer(Np, dp, g, cyclic=True) for _ in range(3)]
+    r = torch.randn(2, Np, 3, generator=g, dtype=DTYPE)
+    kept = remember(stack(f1, f2), 3)
+    ok &= (torch.allclose(baseconv_stack(u, stack(f1, f2)),
+                          baseconv_stack(baseconv_stack(u, f1), f2))
+           and inner_dim(kept) == (5, Np, dp + 3) and torch.allclose(
+               baseconv_stack(torch.cat([u, r], -1), kept),
+               torch.cat([baseconv_stack(u, stack(f1, f2)), r], -1)))
+    return [("H.3  shift_down, shift_up (1 cyclic layer), stack, remember", _ok(ok),
+             f"1, 1, L1+L2, L layers; every s < N' = {Np}"),
             ("erratum: shift_down filter X^{s+1} (printed)", _ok(not printed) + " (fails)",
              "X^s is right")]
 
@@ -877,17 +918,39 @@ def mqar_attention(tokens, c, softmax=False, mask="strict"):
     return out.argmax(-1), out
 
 
-def check_prop_4_3(seed=0):
-    """Prop 4.3 on mqar.py instances: exact with and without softmax; unmasked, it fails."""
+def _margin(out, labels):
+    """At labelled positions: the label's score minus the best other score."""
+    at = labels != IGNORE
+    o, lab = out[at], labels[at][:, None]
+    return o.gather(-1, lab)[:, 0] - o.scatter(-1, lab, float("-inf")).max(-1).values
+
+
+def check_prop_4_3(seed=0, sizes=((64, 8, 128), (128, 16, 256))):
+    """Prop 4.3 on mqar.py instances, with and without softmax and random non-queries: exact,
+    each label ahead by > 0.99. Unmasked (the printed proof's sum), the token after each key
+    ties with its value; with a non-strict mask a query right after itself fails."""
     rows = []
-    for N, D, c in ((64, 8, 128), (128, 16, 256)):
-        x, y = multiquery_ar(16, c, N, D, random_non_queries=True, seed=seed)
-        accs = [mqar_accuracy(mqar_attention(x, c, sm, "strict")[0], y) for sm in (False, True)]
+    for N, D, c in sizes:
+        ok = True
+        for random_fill, sm in itertools.product((False, True), (False, True)):
+            x, y = multiquery_ar(16, c, N, D, random_non_queries=random_fill, seed=seed)
+            pred, out = mqar_attention(x, c, sm, "strict")
+            ok &= mqar_accuracy(pred, y) == 1.0 and _margin(out, y).min() > 0.99
+            r, col = (y != IGNORE).nonzero(as_tuple=True)
+            tie = x[r, col + 1] != y[r, col]
+            ok &= (tie.sum() >= len(tie) // 2
+                   and (_margin(mqar_attention(x, c, sm, "none")[1], y)[tie] < 1e-6).all())
         bad = mqar_accuracy(mqar_attention(x, c, False, "none")[0], y)
+        late = col > 2 * D                      # the token before the query is not context
+        x = x.clone()
+        x[r[late], col[late] - 1] = x[r[late], col[late]]
+        pred = mqar_attention(x, c, False, "causal")[0]
+        ok &= (late.any() and mqar_accuracy(mqar_attention(x, c, False, "strict")[0], y) == 1.0
+               and (pred[r[late], col[late]] != y[r[late], col[late]]).all())
         rows.append((f"Prop 4.3 attention, N={N} D={D} c={c}",
-                     _ok(min(accs) == 1.0 > bad) + f" acc {accs[0]:.2f}/{accs[1]:.2f} (no/softmax)",
+                     _ok(ok) + " acc 1.00 (no/softmax), margin > 0.99",
                      f"L=2, params 4c²+2N² = {4 * c * c + 2 * N * N}; unmasked (printed) "
-                     f"acc {bad:.2f}"))
+                     f"acc {bad:.2f}; mask j <= i fails a query after itself"))
     return rows
 
 
@@ -992,16 +1055,26 @@ def mqar_input_independent_layers(N, b, distances):
     return layers + projection(W, N)
 
 
-def check_thm_4_4(seed=0):
-    """Thm 4.4 on mqar.py instances: exact with every distance 1..N-1, width 2b(N-1)."""
+def check_thm_4_4(seed=0, sizes=((16, 2, 32), (32, 4, 64), (64, 8, 128)),
+                  random_non_queries=False):
+    """Thm 4.4 on mqar.py instances: exact with every distance 1..N-1 and with just the
+    distances present (without the largest, a query fails), width 2b(N-1), the same fixed
+    filters for any input."""
     rows = []
-    for N, D, c in ((16, 2, 32), (32, 4, 64), (64, 8, 128)):
-        x, y = multiquery_ar(8, c, N, D, seed=seed)
+    for N, D, c in sizes:
+        x, y = multiquery_ar(8, c, N, D, random_non_queries=random_non_queries, seed=seed)
         pred, layers = mqar_baseconv_input_independent(x, c, list(range(1, N)))
-        b, need = math.ceil(math.log2(c)), max(key_query_distances(x, y))
+        b, need = math.ceil(math.log2(c)), sorted(set(key_query_distances(x, y)))
+        L, Np, dp = inner_dim(layers)
+        again = mqar_baseconv_input_independent(x.flip(0), c, list(range(1, N)))[1]
+        controls = ((Np, dp) == (N, 2 * b * (N - 1)) and L == 4 + max(1, math.ceil(math.log2(b)))
+                    and all(torch.equal(l.h, l2.h) for l, l2 in zip(layers, again))
+                    and mqar_accuracy(mqar_baseconv_input_independent(x, c, need)[0], y) == 1.0
+                    > mqar_accuracy(mqar_baseconv_input_independent(x, c, need[:-1])[0], y))
         rows.append(_exact_row(f"Thm 4.4 input-indep. filters, N={N} c={c}", pred, y,
                                f"(L,N',d')={inner_dim(layers)}; d' = 2b(N-1); max distance "
-                               f"used {need} -> width {2 * b * need} = {2 * b * need / N:.1f} N"))
+                               f"used {need[-1]} -> width {2 * b * need[-1]} = "
+                               f"{2 * b * need[-1] / N:.1f} N", controls))
     return rows
 
 
@@ -1083,21 +1156,30 @@ def needed_distances(tokens, labels):
     return [sorted(set(key_query_distances(x[None], y[None]))) for x, y in zip(tokens, labels)]
 
 
-def check_thm_4_5(seed=0):
-    """Thm 4.5 on mqar.py instances: exact with the needed distances; do the top-t lags cover?"""
+def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
+    """Thm 4.5 on mqar.py instances: exact with the needed distances (one missing per example
+    breaks a query), L = 4, d' = 2ct. Erratum of H.8: the top-t autocorrelation lags need not
+    cover those distances; with them, an example is exact exactly when they do."""
     rows = []
-    for N, D, c in ((16, 2, 24), (32, 4, 40)):
-        x, y = multiquery_ar(8, c, N, D, random_non_queries=True, seed=seed)
-        need = needed_distances(x, y)
-        pred, layers = mqar_baseconv_input_dependent(x, c, need)
-        t, covered = max(map(len, need)), []
-        for filler in (False, True):
-            xx, yy = multiquery_ar(8, c, N, D, random_non_queries=filler, seed=seed)
-            covered.append(sum(set(d) <= set(top_lags(xx[i:i + 1], c, len(d))[0])
-                               for i, d in enumerate(needed_distances(xx, yy))))
+    for N, D, c in sizes:
+        covered, iff = [], True
+        for random_fill in (False, True):
+            x, y = multiquery_ar(8, c, N, D, random_non_queries=random_fill, seed=seed)
+            need = needed_distances(x, y)
+            lags = [top_lags(x[i:i + 1], c, len(d))[0] for i, d in enumerate(need)]
+            cover = [set(d) <= set(l) for d, l in zip(need, lags)]
+            pred = mqar_baseconv_input_dependent(x, c, lags)[0]
+            iff &= all((mqar_accuracy(pred[i:i + 1], y[i:i + 1]) == 1.0) == cov
+                       for i, cov in enumerate(cover))
+            covered.append(sum(cover))
+        pred, layers = mqar_baseconv_input_dependent(x, c, need)        # random non-queries
+        t = max(map(len, need))
+        short = [d[1:] or [N - 1] for d in need]        # layers: the last example's
+        controls = (iff and inner_dim(layers) == (4, N, 2 * c * len(need[-1]))
+                    and mqar_accuracy(mqar_baseconv_input_dependent(x, c, short)[0], y) < 1.0)
         rows.append(_exact_row(f"Thm 4.5 input-dep. filters, N={N} c={c}", pred, y,
                                f"L=4, d'=2ct ≤ {2 * c * t}; top-t lags cover {covered[0]}/8 "
-                               f"(filler), {covered[1]}/8 (random) [erratum]"))
+                               f"(filler), {covered[1]}/8 (random) [erratum]", controls))
     return rows
 
 
@@ -1184,20 +1266,29 @@ def compile_circuit(circuit, N, d):
     return layers + projection(W, N)
 
 
-def check_thm_h5(seed=0):
-    """Thm H.5: 6 random circuits compiled and computed; their L, d' against Δ log w and w."""
+def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
+    """Thm H.5: random circuits compiled into BaseConv compute their polynomial in y[0, 0]
+    (flipping the output gate changes it), with L <= 2Δ + 3 and d' <= max(Nd + 2, 3w)."""
     g = torch.Generator().manual_seed(seed)
     ok, worst_L, worst_d = True, 0.0, 0.0
-    for dlt, wd in itertools.product((2, 4, 6), (2, 4)):
-        c = random_circuit(6, dlt, wd, seed=seed + dlt * wd)
-        layers = compile_circuit(c, 3, 2)
-        u = torch.rand(4, 3, 2, generator=g, dtype=DTYPE) * 2 - 1
-        ok &= torch.allclose(baseconv_model(u, layers)[:, 0, 0], evaluate(c, u.reshape(4, 6)),
-                             rtol=1e-9, atol=1e-9)
-        L, _, dp = inner_dim(layers)
+    for dlt, wd in itertools.product(depths, widths):
+        c = random_circuit(N * d, dlt, wd, seed=seed + dlt * wd)
+        layers = compile_circuit(c, N, d)
+        u = torch.rand(4, N, d, generator=g, dtype=DTYPE) * 2 - 1
+        y, ref = baseconv_model(u, layers), evaluate(c, u.reshape(4, N * d))
+        L, Np, dp = inner_dim(layers)
+        ok &= (torch.allclose(y[:, 0, 0], ref, rtol=1e-9, atol=1e-9) and Np == N
+               and torch.count_nonzero(y.abs() > 1e-9) <= torch.count_nonzero(ref)
+               and L <= 2 * depth(c) + 3 and dp <= max(N * d + 2, 3 * width(c)))
+        op, a, b = c.nodes[-1]
+        other = Circuit(c.num_vars, c.nodes[:-1] + (("+" if op == "*" else "*", a, b),))
+        if expand(other) != expand(c):
+            ok &= not torch.allclose(baseconv_model(u, compile_circuit(other, N, d))[:, 0, 0],
+                                     ref, atol=1e-6)
         worst_L = max(worst_L, L / (depth(c) * max(1, math.log2(width(c)))))
         worst_d = max(worst_d, dp / width(c))
-    return [("Thm H.5 circuit -> BaseConv, 6 random circuits", _ok(ok),
+    n = len(depths) * len(widths)
+    return [(f"Thm H.5 circuit -> BaseConv, {n} random circuits", _ok(ok),
              f"max L/(Δ log2 w) = {worst_L:.2f}, max d'/w = {worst_d:.2f}")]
 
 
@@ -1247,13 +1338,26 @@ def _input(seed, B=4, T=32, D=8):
     return torch.randn(B, T, D, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
 
 
-def _module_row(name, m, layers, x):
-    """A Thm 4.2 report row: the stack against the module m on x, equal up to rounding."""
+def _module_row(name, m, layers, x, dims, broken=()):
+    """A Thm 4.2 report row: the stack against the module m on x, equal up to rounding, with
+    inner dimensions `dims`; each stack in `broken` (a layer dropped, a filter changed) must
+    not compute m."""
     B, T, D = x.shape
     with torch.no_grad():
-        err = (baseconv_model(x, layers) - m(x)).abs().max().item()
+        want = m(x)
+        err = (baseconv_model(x, layers) - want).abs().max().item()
+        ok = err < 1e-10 and inner_dim(layers) == dims and not any(
+            torch.allclose(baseconv_model(x, b), want, atol=1e-6) for b in broken)
     return (f"Thm 4.2 {name} (D={D}, T={T}) = BaseConv stack",
-            _ok(err < 1e-10) + f" max|Δ| {err:.0e}", f"(L,N',d') = {inner_dim(layers)} vs d = {D}")
+            _ok(ok) + f" max|Δ| {err:.0e}; {len(broken)} broken stacks differ",
+            f"(L,N',d') = {inner_dim(layers)} vs d = {D}")
+
+
+def _with_h(layers, i, edit):
+    """The stack with layer i's filter h changed by edit(h), in place on a copy."""
+    h = layers[i].h.clone()
+    edit(h)
+    return layers[:i] + [replace(layers[i], h=h)] + layers[i + 1:]
 
 
 def affine(W, b, Np):
@@ -1305,12 +1409,19 @@ def hyena_as_baseconv(hyena, T):
         return stack(layers, affine(W, hyena.out_proj.bias, T))
 
 
-def check_hyena(seed=0):
-    """Thm 4.2: random Hyena layers of order 2 and 3 are their BaseConv stacks."""
-    x = _input(seed)
-    B, T, D = x.shape
-    ms = [(o, random_mixer(mixers.Hyena, D, T, seed, order=o)) for o in (2, 3)]
-    return [_module_row(f"Hyena order {o}", m, hyena_as_baseconv(m, T), x) for o, m in ms]
+def check_hyena(seed=0, D=8, T=32, orders=(2, 3), seq_len=None):
+    """Thm 4.2: random Hyena layers are their BaseConv stacks; without any one gated long
+    convolution, or with one tap of its filter changed, they are not."""
+    x = _input(seed, T=T, D=D)
+    rows = []
+    for o in orders:
+        m = random_mixer(mixers.Hyena, D, seq_len or T, seed, order=o)
+        layers = hyena_as_baseconv(m, T)
+        broken = [layers[:l] + layers[l + 1:] for l in range(2, o + 2)]
+        broken.append(_with_h(layers, 2, lambda h: h[o * D, T - 1].add_(1.0)))
+        rows.append(_module_row(f"Hyena order {o}", m, layers, x, (o + 3, T, (o + 1) * D),
+                                broken))
+    return rows
 
 
 def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
@@ -1372,12 +1483,20 @@ def h3_as_baseconv(h3, T):
                                               h3.head_dim, T)
 
 
-def check_h3(seed=0):
-    """Thm 4.2: random H3 layers with head_dim 1 and 2 are their BaseConv stacks."""
-    x = _input(seed)
-    B, T, D = x.shape
-    ms = [(hd, random_mixer(mixers.H3, D, T, seed, head_dim=hd, d_state=16)) for hd in (1, 2)]
-    return [_module_row(f"H3 head_dim {hd}", m, h3_as_baseconv(m, T), x) for hd, m in ms]
+def check_h3(seed=0, D=8, T=32, head_dims=(1, 2), d_state=16, **options):
+    """Thm 4.2: random H3 layers are their BaseConv stacks; without the skip term folded into
+    tap 0, or without the shift SSM (filter e_0), they are not."""
+    x = _input(seed, T=T, D=D)
+    rows = []
+    for hd in head_dims:
+        m = random_mixer(mixers.H3, D, T, seed, head_dim=hd, d_state=d_state, **options)
+        layers = h3_as_baseconv(m, T)
+        skip = m._ssm()[3].detach()
+        broken = [_with_h(layers, 2, lambda h: h[2 * D:, 0].sub_(skip)),
+                  _with_h(layers, 1, lambda h: (h[2 * D:].zero_(), h[2 * D:, 0].fill_(1.0)))]
+        rows.append(_module_row(f"H3 head_dim {hd}", m, layers, x, (4, T, (2 + hd) * D),
+                                broken))
+    return rows
 
 
 def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
@@ -1424,23 +1543,30 @@ def retnet_as_baseconv(retnet, T):
                                  retnet.v_proj.weight.T, retnet.gamma, T)
 
 
-def check_retnet(seed=0):
-    """Thm 4.2: a random RetNet's heads are a BaseConv stack; its output follows from them."""
-    x = _input(seed)
-    B, T, D = x.shape
-    m = random_mixer(mixers.RetNet, D, T, seed, num_heads=2)
+def check_retnet(seed=0, D=8, T=32, num_heads=2):
+    """Thm 4.2: a random RetNet's heads are a BaseConv stack, cubic in x (no convolution of
+    x); the group norm and swish gate on top give its output. Another decay, or no k ⊙ v
+    product layer, breaks the stack."""
+    x = _input(seed, T=T, D=D)
+    H, hs = num_heads, D // num_heads
+    m = random_mixer(mixers.RetNet, D, T, seed, num_heads=H, chunk_size=4)
     layers = retnet_as_baseconv(m, T)
     with torch.no_grad():
         q, k, v = (t.transpose(1, 2) for t in m._heads(x))
         heads = mixers.retention_parallel(q, k, v, m.gamma)[0].transpose(1, 2).flatten(2)
         y = baseconv_model(x, layers)
         err = (y - heads).abs().max().item()
-        err_out = (m._output(x, y.unflatten(-1, (2, D // 2))) - m(x)).abs().max().item()
-    return [("Thm 4.2 RetNet H=2: retention heads = BaseConv stack",
-             _ok(max(err, err_out) < 1e-10) + f" max|Δ| heads {err:.0e}, output "
-             f"{err_out:.0e} (norm, swish outside)",
-             f"(L,N',d') = {inner_dim(layers)} = (4, T, (2+hs)D); group norm, swish: "
-             "not polynomial")]
+        err_out = (m._output(x, y.unflatten(-1, (H, hs))) - m(x)).abs().max().item()
+        other = retention_as_baseconv(m.q_proj.weight.T, m.k_proj.weight.T / math.sqrt(hs),
+                                      m.v_proj.weight.T, m.gamma**2, T)
+        ok = (max(err, err_out) < 1e-10 and inner_dim(layers) == (4, T, (2 + hs) * D)
+              and torch.allclose(baseconv_model(2 * x, layers), 8 * heads, atol=1e-9)
+              and not any(torch.allclose(baseconv_model(x, b), heads, atol=1e-6)
+                          for b in (other, layers[:1] + layers[2:])))
+    return [(f"Thm 4.2 RetNet H={H}: retention heads = BaseConv stack",
+             _ok(ok) + f" max|Δ| heads {err:.0e}, output {err_out:.0e} (norm, swish outside)",
+             f"(L,N',d') = {inner_dim(layers)} = (4, T, (2+hs)D), cubic in x; group norm, "
+             "swish: not polynomial")]
 
 
 def wkv_filter(w, u, T):
@@ -1489,21 +1615,29 @@ def rwkv_as_baseconv(rwkv, T):
     return wkv_as_baseconv(torch.exp(rwkv.w_log), rwkv.u, rwkv.value.weight.T, rwkv.mix_v, T)
 
 
-def check_rwkv(seed=0):
-    """Thm 4.2: a random RWKV's output from the stack's num, den; wkv unchanged by 3 e^k."""
-    x = _input(seed)
-    B, T, D = x.shape
-    m = random_mixer(mixers.RWKV, D, T, seed)
+def check_rwkv(seed=0, D=8, T=32):
+    """Thm 4.2: a random RWKV's output from the stack's num, den (degree 1 in e^k, while wkv
+    is unchanged by 3 e^k). Without the bonus e^u, or the token shift on v, num is another."""
+    x = _input(seed, T=T, D=D)
+    m = random_mixer(mixers.RWKV, D, T, seed, chunk_size=4)
     layers = rwkv_as_baseconv(m, T)
+    w, mix_v, W_v = torch.exp(m.w_log), m.mix_v, m.value.weight.T
     with torch.no_grad():
         r, k, v = m._rkv(x, torch.nn.functional.pad(x, (0, 0, 1, -1)))
         out = baseconv_model(torch.cat([k.exp(), x], -1), layers)
         num, den = out[..., :D], out[..., D:]
         err = (m.out_proj(torch.sigmoid(r) * num / den) - m(x)).abs().max().item()
-        scaled = mixers.wkv_reference(torch.exp(m.w_log), m.u, k + math.log(3.0), v)[0]
-        invariant = torch.allclose(scaled, num / den, atol=1e-10)
+        scaled = mixers.wkv_reference(w, m.u, k + math.log(3.0), v)[0]
+        no_bonus, no_shift = (baseconv_model(torch.cat([k.exp(), x], -1), wkv_as_baseconv(*a, T))
+                              for a in ((w, 0 * m.u, W_v, mix_v), (w, m.u, W_v, 1 + 0 * mix_v)))
+        ok = (err < 1e-10 and inner_dim(layers) == (3, T, 2 * D)
+              and torch.allclose(scaled, num / den, atol=1e-10) and torch.allclose(
+                  baseconv_model(torch.cat([3 * k.exp(), x], -1), layers), 3 * out)
+              and not torch.allclose(no_bonus[..., :D], num, atol=1e-6)
+              and not torch.allclose(no_shift[..., :D], num, atol=1e-6)
+              and torch.allclose(no_shift[..., D:], den))
     return [("Thm 4.2 RWKV: wkv's num, den = BaseConv stack (inputs e^k, x)",
-             _ok(err < 1e-10 and invariant) + f" max|Δ| {err:.0e} (σ, ÷ outside)",
+             _ok(ok) + f" max|Δ| {err:.0e} (σ, ÷ outside)",
              f"(L,N',d') = {inner_dim(layers)}; ÷ is no polynomial (num/den same for "
              "3e^k), nor is e^k")]
 
@@ -1688,16 +1822,28 @@ def cover_states(contexts, G):
     return torch.where(agree.any(-1), agree.int().argmax(-1), -1)
 
 
-def check_min_states(seed=0):
-    """H.6: the least number of states (by search) answers every context, and is >= INDEX's."""
+def check_min_states(seed=0, sizes=((4, 2, 2, False), (4, 3, 2, True))):
+    """H.6: the least number of states (by search) answers every context (its cover is a
+    model), is at least INDEX's count and equal to it when every key is in every context,
+    and n - 1 assignments cover no more (all tried where there are few); for c_v = D = 2 it
+    is Kleitman and Spencer's least binary covering array of strength 2. Distinct answer
+    functions overstate it."""
     rows = []
-    for c_k, c_v, D, distinct in ((4, 2, 2, False), (4, 3, 2, True)):
+    for c_k, c_v, D, distinct in sizes:
         n, G = min_states(c_k, c_v, D, distinct)
         ctx = mqar_contexts(c_k, c_v, D, distinct)
-        st = cover_states(ctx, G)
+        st, A = cover_states(ctx, G), answers(ctx, c_k)
         F = round(2**index_bound_bits(D, c_v, distinct))
-        nf = count_states(answers(ctx, c_k))
-        ok = n >= F and (st >= 0).all() and find_confusion(ctx, st, c_k) is None
+        nf = count_states(A)
+        ok = ((st >= 0).all() and ((G[st] == A) | (A < 0)).all() and n >= F
+              and (n == F if c_k == D else nf > n) and find_confusion(ctx, st, c_k) is None)
+        if c_v == 2 and D == 2 and not distinct:
+            ok &= n == next(m for m in itertools.count(4)
+                            if math.comb(m - 1, math.ceil(m / 2)) >= c_k)
+        if c_v**c_k <= 16:
+            ok &= all((cover_states(ctx, torch.tensor(fewer).reshape(n - 1, c_k)) < 0).any()
+                      for fewer in itertools.combinations(
+                          itertools.product(range(c_v), repeat=c_k), n - 1))
         rows.append((f"H.6  least states by search, all contexts c_k={c_k} c_v={c_v} D={D}"
                      f"{' (distinct values)' if distinct else ''}", _ok(ok),
                      f"{n} states ({math.log2(n):.2f} bits) >= INDEX {F} ({math.log2(F):.2f}); "
@@ -1748,25 +1894,52 @@ def retnet_recall(contexts, c_k, c_v, d_k=None):
     return torch.where(answers(contexts, c_k) >= 0, pred, -1), S
 
 
-def check_index(seed=0):
-    """H.6 on INDEX (D = d, c_v = 2^d): the d x d RetNet state is exact, smaller states confuse."""
+def _confuses(contexts, states, c_k):
+    """find_confusion finds two contexts with one state and a query they answer differently
+    (and the triple it returns is such a pair)."""
+    found = find_confusion(contexts, states, c_k)
+    if found is None:
+        return False
+    i, j, q = found
+    A = answers(contexts, c_k)
+    return torch.equal(states[i], states[j]) and 0 <= A[i, q] != A[j, q] >= 0
+
+
+def check_index(seed=0, sizes=((2, 4, False), (3, 8, False))):
+    """H.6 on INDEX (keys 0..D-1, every value assignment, pairwise conflicting): the D x b
+    RetNet state is exact and injective, D x D bits (the bound) for c_v = 2^D. Fewer states
+    confuse: the state less any one bit, d_k < D key rows (swapping the values of keys 0 and
+    d_k keeps the state), M - 1 or 2^(⌈bound⌉ - 1) random states."""
     g = torch.Generator().manual_seed(seed)
     rows = []
-    for d in (2, 3):
-        ctx = index_contexts(d, 2**d)
-        A, bound = answers(ctx, d), index_bound_bits(d, 2**d)
-        pred, S = retnet_recall(ctx, d, 2**d)
-        _, S_fold = retnet_recall(ctx, d, 2**d, d_k=d - 1)
-        below = [S.flatten(1)[:, :-1], S_fold] + [
-            torch.randint(2**(d * d - 1), (len(ctx),), generator=g) for _ in range(3)]
-        ok = ((A >= 0).all() and count_states(A) == len(ctx)            # pairwise conflicting
-              and torch.equal(pred, A) and find_confusion(ctx, S, d) is None
-              and all(find_confusion(ctx, st, d) is not None for st in below))
-        rows.append((f"H.6  INDEX D={d} c_v={2**d}: RetNet {d}x{d} exact, fewer states "
+    for D, c_v, distinct in sizes:
+        ctx = index_contexts(D, c_v, distinct)
+        M, A, bound = len(ctx), answers(ctx, D), index_bound_bits(D, c_v, distinct)
+        pred, S = retnet_recall(ctx, D, c_v)
+        flat = S.flatten(1)
+        below = [torch.cat([flat[:, :e], flat[:, e + 1:]], 1) for e in range(flat.shape[1])]
+        below += [torch.randint(n, (M,), generator=g)
+                  for n in (M - 1, 2**(math.ceil(bound) - 1)) for _ in range(3)]
+        swaps = True
+        for d_k in range(1, D):
+            p, S_k = retnet_recall(ctx, D, c_v, d_k=d_k)
+            swapped = ctx.clone()
+            swapped[:, [0, d_k], 1] = ctx[:, [d_k, 0], 1]
+            swaps &= bool((p != A).any()) and torch.equal(S_k, retnet_recall(swapped, D, c_v,
+                                                                              d_k=d_k)[1])
+            below.append(S_k)
+        ok = ((A >= 0).all() and count_states(A) == M == (math.perm(c_v, D) if distinct
+                                                          else c_v**D)
+              and (ctx[..., 0] == torch.arange(D)).all() and math.isclose(bound, math.log2(M))
+              and torch.equal(pred, A) and count_states(S) == M and swaps
+              and find_confusion(ctx, S, D) is None and all(_confuses(ctx, s, D) for s in below))
+        if c_v == 2**D:
+            ok &= S.shape[1:] == (D, D) and math.ceil(bound) == D * D
+        rows.append((f"H.6  INDEX D={D} c_v={c_v}: RetNet {D}x{S.shape[2]} exact, fewer states "
                      "confuse", _ok(ok),
-                     f"bound log2 {len(ctx)} = {bound:.2f} bits vs {d}x{d} 0/1 state = {d * d}; "
-                     f"confused: {d * d - 1} of its bits, 3 random {d * d - 1}-bit maps, folded "
-                     f"{d - 1}x{d} ({count_states(S_fold)} states)"))
+                     f"bound log2 {M} = {bound:.2f} bits vs {D}x{S.shape[2]} 0/1 state = "
+                     f"{flat.shape[1]}; confused: any {flat.shape[1] - 1} of its bits, random "
+                     f"{M - 1} or {2**(math.ceil(bound) - 1)} states, {D - 1} key rows"))
     return rows
 
 
@@ -1782,15 +1955,23 @@ def mqar_retnet(tokens, c, D):
     return from_bits(y) + c // 2
 
 
-def check_mqar_retnet(seed=0):
-    """H.6 on mqar.py instances: the one-hot-key RetNet state answers every query."""
-    N, D, c = 64, 8, 128
+def check_mqar_retnet(seed=0, N=64, D=8, c=128):
+    """H.6 on mqar.py instances: the one-hot-key RetNet state answers every query, from the
+    state (give k_1 another value and its query gets that value), above the bound
+    D log2(c/4) on MQAR's layout."""
     x, y = multiquery_ar(16, c, N, D, random_non_queries=True, seed=seed)
     b = math.ceil(math.log2(c // 2))
+    x2 = x.clone()
+    x2[:, 1] = (x[:, 1] - c // 2 + 1) % (c - c // 2) + c // 2
+    pred = mqar_retnet(x2, c, D)
+    r, col = (y != IGNORE).nonzero(as_tuple=True)
+    first = x[r, col] == x[r, 0]
+    controls = (mqar_accuracy(pred, y) == 1 - 1 / D and index_bound_bits(D, c // 2) >= D *
+                math.log2(c / 4) and torch.equal(pred[r, col][first], x2[r[first], 1]))
     return [_exact_row(f"H.6  RetNet (one-hot keys) on mqar.py, N={N} D={D} c={c}",
                        mqar_retnet(x, c, D), y, f"state c x b = {c}x{b} = {c * b} bits vs "
                        f"bound {index_bound_bits(D, c // 2):.1f}: orthogonal keys need a row "
-                       "per token")]
+                       "per token", controls)]
 
 
 # ----------------------------------------------------------------------------------------
