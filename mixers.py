@@ -1074,6 +1074,11 @@ def wkv_chunked(w, u, k, v, state=None, chunk_size=64):
 WKV_IMPLS = {"fast": wkv_chunked, "reference": wkv_reference}
 
 
+def _at_least_float32(*tensors):
+    """bfloat16 or float16 tensors (autocast's outputs) as float32; others as they are."""
+    return [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+
+
 class RWKV(Mixer):
     """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (Peng et al., 2023).
 
@@ -1132,6 +1137,7 @@ class RWKV(Mixer):
         B, T, d = x.shape
         x_prev = F.pad(x, (0, 0, 1, -1))                                      # token shift
         r, k, v = self._rkv(x, x_prev)
+        k, v = _at_least_float32(k, v)        # under autocast too: the official kernel's sums
         y, _ = WKV_IMPLS[self.impl](torch.exp(self.w_log), self.u, k, v,
                                     chunk_size=self.chunk_size)
         return self.out_proj(torch.sigmoid(r) * y)
@@ -1140,7 +1146,8 @@ class RWKV(Mixer):
         wkv_state, x_prev = (None, torch.zeros_like(x_t)) if state is None else (
             state[:3], state[3])
         r, k, v = self._rkv(x_t, x_prev)
-        y, wkv_state = wkv_step(torch.exp(self.w_log), self.u, k, v, wkv_state)
+        y, wkv_state = wkv_step(torch.exp(self.w_log), self.u, *_at_least_float32(k, v),
+                                wkv_state)
         return self.out_proj(torch.sigmoid(r) * y), (*wkv_state, x_t)
 
     def state_size(self, t):

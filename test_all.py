@@ -13,8 +13,10 @@ import json
 import math
 import random
 import re
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -1450,6 +1452,135 @@ def test_cli_reports_bad_keys_without_a_traceback():
     assert "Traceback" not in out.stderr
 
 
+def test_dry_run_prints_one_line_per_run_that_reproduces_it(capsys):
+    """Each line of --dry_run, parsed as the command line would, is its run's config (and so
+    writes the file the sweep looks for)."""
+    for name, scale in [(name, scale) for name in train.SWEEPS for scale in train.SWEEPS[name]]:
+        assert train.main([f"--sweep={name}", f"--scale={scale}", "--dry_run"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        runs = train.sweep_runs(name, scale)
+        assert len(lines) == len(runs) == len(set(lines))
+        for line, (label, overrides) in list(zip(lines, runs))[::max(1, len(runs) // 7)]:
+            args = shlex.split(line)
+            assert args[:2] == ["python", "train.py"] and f"--label={label}" in args
+            config = train.parse_overrides(args[2:])
+            assert config == train.make_config(**overrides)
+            assert config.out_dir == f"results/{name}"
+
+
+SWEEP_SCRIPT = """import sys, train
+train.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
+    seq_len=[16], num_kv_pairs=[2], vocab_size=[64], d_model=[16], num_train=[256],
+    num_test=[64], batch_size=[16], max_steps=[int(sys.argv[1])], eval_every=[50])}
+train.main(["--sweep=tiny"])
+"""
+
+
+def test_killed_sweep_resumes_and_loses_no_finished_run(tmp_path):
+    """Kill a sweep (SIGKILL) while its second run trains: the first run's record is
+    whole, no partial file is left, and the rerun trains only the runs that had no record."""
+    script = tmp_path / "sweep.py"
+    script.write_text(SWEEP_SCRIPT)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script), "300"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    folder = tmp_path / "results" / "tiny"
+    deadline = time.time() + 120
+    while not list(folder.glob("*.json")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    first = list(folder.glob("*.json"))
+    assert len(first) == 1 and not list(folder.glob("*.tmp")), "killed during the second run"
+    before = first[0].read_text()
+    assert json.loads(before)["ended"] in ("target_reached", "max_steps")
+    out = subprocess.run([sys.executable, str(script), "300"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = train.load_records(folder)
+    assert first[0].read_text() == before, "the finished run was not run again"
+    assert sorted(r["seed"] for r in records) == [0, 1, 2]
+
+
+def test_foreign_or_corrupt_files_in_a_results_folder_are_named(tmp_path):
+    folder = tmp_path / "results" / "fig2"
+    folder.mkdir(parents=True)
+    (folder / "a.json").write_text('{"config": {"mixer": "attention"')        # cut short
+    with pytest.raises(ValueError, match=r"a\.json is not a run record"):
+        train.load_records(folder)
+    (folder / "a.json").write_text(json.dumps({"config": {"not_a_key": 1}, "test_acc": 1}))
+    with pytest.raises(ValueError, match=r"a\.json is not a run record.*not_a_key"):
+        train.load_records(folder)
+    for command in ("--plot=fig2", "--sweep=fig2"):      # before any run or drawing
+        out = subprocess.run([sys.executable, str(REPO / "train.py"), command],
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 2 and "a.json is not a run record" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def fake_record(lr, seed, test_acc, valid_acc, **config):
+    c = dataclasses.asdict(train.Config(lr=lr, seed=seed, **config))
+    return {"config": c, "test_acc": test_acc, "valid_acc": valid_acc, "seed": seed,
+            "history": [], "ended": "max_steps"}
+
+
+def test_cells_choose_the_lr_on_validation_and_give_a_t_interval():
+    """lr 1e-3 has the better test accuracy but the worse validation accuracy: the cell takes
+    lr 3e-3; its mean over 3 seeds with half-width t(0.975, 2) s / √3 = 4.303 s / √3."""
+    records = ([fake_record(1e-3, s, 0.9, 0.5) for s in range(3)]
+               + [fake_record(3e-3, s, a, 0.6) for s, a in enumerate((0.4, 0.5, 0.6))]
+               + [fake_record(3e-3, 0, 0.2, 0.1, d_model=128)])
+    rows = train.cells(records)
+    assert [(r["d_model"], r["lr"], r["seeds"]) for r in rows] == [(64, 3e-3, 3), (128, 3e-3, 1)]
+    assert math.isclose(rows[0]["test_acc"], 0.5)
+    assert math.isclose(rows[0]["interval"], 4.303 * 0.1 / math.sqrt(3))
+    assert math.isnan(rows[1]["interval"])
+
+
+def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = dict(seq_len=32, num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
+    for i, (mixer, d) in enumerate([("attention", 32), ("attention", 64), ("h3", 32)]):
+        r = fake_record(3e-3, 0, 0.3 + 0.1 * i, 0.3, mixer=mixer, d_model=d, label=mixer, **base)
+        train.save_record(r, tmp_path / "results" / "fig2" / f"{i}.json")
+    paths = train.plot_sweep("fig2")
+    assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True]
+
+
+@pytest.mark.parametrize("mixer", list(MIXERS))
+def test_amp_loss_and_gradients_are_close_to_float32(mixer):
+    """bfloat16 autocast (amp=True) on the CPU: the training loss within 3% of float32's and
+    every gradient finite and pointing the same way (cosine > 0.95)."""
+    c = small_config(mixer=mixer)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c)
+    x, y = mqar.multiquery_ar(16, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=1)
+    grads = []
+    for amp in (False, True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = train.labelled_loss(model, x, y)[0] + model.aux_loss()
+        loss.backward()
+        grads.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()
+                                              if p.grad is not None])))
+    (loss32, g32), (loss16, g16) = grads
+    assert abs(loss16 - loss32) < 0.03 * loss32 and torch.isfinite(g16).all()
+    assert torch.nn.functional.cosine_similarity(g16, g32, dim=0) > 0.95
+
+
+def test_amp_and_compiled_training_run_and_compile_matches_eager(tmp_path):
+    """amp=True trains; compile='aot_eager' (torch.compile's tracing without a C compiler)
+    gives eager training's losses and accuracies; an unknown backend is refused."""
+    runs = {name: train.train(small_config(out_dir=str(tmp_path), **kw)) for name, kw in
+            [("eager", {}), ("compiled", dict(compile="aot_eager")), ("amp", dict(amp=True))]}
+    for a, b in zip(runs["eager"]["history"], runs["compiled"]["history"]):
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-4) and a.get("test_acc") == \
+            b.get("test_acc")
+    assert runs["amp"]["ended"] == "max_steps" and runs["amp"]["history"]
+    with pytest.raises(ValueError, match="compile='fast' is not allowed"):
+        train.check_config(small_config(compile="fast"))
+
+
 def test_cli_checks_seeds():
     out = subprocess.run([sys.executable, str(REPO / "train.py"), "--seeds=0"],
                          capture_output=True, text=True, cwd=REPO)
@@ -1756,7 +1887,7 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
                      budget_steps=5, eval_every=50, out_dir=str(tmp_path))
     r = train.train(c)
     assert r["ended"] == "budget_steps" and r["steps"] == 5
-    (x, _), _ = train.make_data(c)
+    (x, _), *_ = train.make_data(c)
     want = [x[0:16], x[16:32], x[32:40], x[0:16], x[16:32]]
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
 
@@ -1779,21 +1910,25 @@ def test_probe_decides_when_the_whole_test_set_is_scored(tmp_path, monkeypatch):
 
 
 def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
-    """Every evaluated example is a test-set example and none was trained on (train and test
-    sets of one size, so only their content tells them apart)."""
+    """Every evaluated example is a test-set example, or at the end a validation example,
+    and none was trained on (train and test sets of one size, so only their content tells
+    them apart); the validation split is apart from the test set."""
     trained, scored = [], []
     loss, evaluate = train.labelled_loss, train.evaluate
     monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
         trained.append(x) if m.training else None) or loss(m, x, y))
     monkeypatch.setattr(train, "evaluate", lambda m, x, y: scored.append(x) or evaluate(m, x, y))
     c = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,
-                     out_dir=str(tmp_path))
-    train.train(c)                                  # a probe at step 2, the whole set at 4
-    _, (x_test, _) = train.make_data(c)
+                     num_valid=32, out_dir=str(tmp_path))
+    record = train.train(c)                         # a probe at step 2, the whole set at 4
+    _, (x_test, _), (x_valid, _) = train.make_data(c)
     seen = {tuple(row) for x in trained for row in x.tolist()}
-    assert len(seen) == 64 and [len(x) for x in scored] == [16, 64]
-    assert all(torch.equal(x, x_test[:len(x)]) for x in scored)
+    assert len(seen) == 64 and [len(x) for x in scored] == [16, 64, 32]
+    assert all(torch.equal(x, x_test[:len(x)]) for x in scored[:2])
+    assert torch.equal(scored[2], x_valid) and 0 <= record["valid_acc"] <= 1
+    test_rows = {tuple(row) for row in x_test.tolist()}
     assert not any(tuple(row) in seen for x in scored for row in x.tolist())
+    assert not any(tuple(row) in test_rows for row in x_valid.tolist())
 
 
 def test_summary_counts_runs_that_never_passed_as_the_longest():
@@ -2089,8 +2224,8 @@ def test_readme_main_command_solves_mqar(tmp_path):
     """The README's two commands are `make run` and `make test`, .ci/run runs `make test`,
     and the Makefile's targets run train.py and the test suite in the venv it sets up. This
     runs what `make run` runs, `python train.py`, in this interpreter (in a scratch folder,
-    so that its results land there), and checks that attention solved MQAR: a real
-    training run. (`bash .ci/run` on a clean clone runs the set-up itself.)"""
+    so that its results land there), and checks that attention solved MQAR and the gated
+    convolution did not: real training runs. (`bash .ci/run` on a clean clone runs the set-up itself.)"""
     commands = [line.strip() for block in readme_blocks("bash") for line in block.splitlines()]
     assert commands[:2] == ["make run", "make test"], commands
     makefile = (REPO / "Makefile").read_text()
@@ -2100,8 +2235,9 @@ def test_readme_main_command_solves_mqar(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "train.py")], capture_output=True,
                          text=True, cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    records = [json.loads(p.read_text()) for p in (tmp_path / "results").rglob("*.json")]
-    attention = [r for r in records if r["config"]["mixer"] == "attention"]
-    assert attention and all(r["test_acc"] > 0.99 for r in attention)
-    assert all(r["ended"] == "target_reached" for r in attention)
-    assert "test acc" in out.stdout
+    records = {r["config"]["label"]: r for r in train.load_records(tmp_path / "results" / "main")}
+    assert set(records) == {"attention", "base_conv"}
+    assert records["attention"]["test_acc"] > 0.99 and records["attention"]["ended"] == \
+        "target_reached"
+    assert records["base_conv"]["test_acc"] < 0.9
+    assert "test acc" in out.stdout and (tmp_path / "results" / "main.png").stat().st_size > 1e4

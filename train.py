@@ -15,15 +15,21 @@ vocabulary-sized logits are computed only there. Two configurations:
                    betas and weight decay on every parameter, cosine per epoch).
 
 Usage:
-  python train.py                     the main job: attention on MQAR (N=64, D=4, d=64)
-  python train.py --lr=1e-3 --seed=1  any default overridden by --key=value
+  python train.py                     the main job: attention and BaseConv on MQAR (N=64,
+                                      D=4, d=64), a table and results/main.png
+  python train.py --mixer=h3 --lr=1e-3  one run, any default overridden by --key=value
   python train.py --seeds=5           seeds seed .. seed+4, then median and range
   python train.py --preset=figure2 --mixer=base_conv --budget_steps=2000
                                       a Figure 2 run, stopped after a CPU budget
+  python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2) at
+                                      scale cpu or paper; records in results/<sweep>/,
+                                      finished runs skipped; --dry_run prints the runs'
+                                      command lines instead (for Slurm, xargs -P, ...)
+  python train.py --plot=fig2         results/fig2.png and results/fig2_state.png
   python train.py --bench             training-step time vs logits at every position
 
 Every run writes one JSON record (its config, test accuracy, steps, times, device, torch
-version and how it ended) to `out_dir` as soon as it ends.
+version and how it ended) to `out_dir` as soon as it ends, atomically.
 
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
@@ -32,8 +38,10 @@ import dataclasses
 import difflib
 import hashlib
 import inspect
+import itertools
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -69,6 +77,8 @@ class Config:
     power_a: float = 0.01
     num_train: int = 100_000
     num_test: int = 3_000
+    num_valid: int = 0                # a validation split (apart from the test set) scored at
+                                      # the end, for choosing a learning rate: see cells
     # optimisation: the CPU recipe, chosen by measurement (README, "The main job's recipe")
     batch_size: int = 128
     lr: float = 3e-3
@@ -89,8 +99,12 @@ class Config:
     preset: str = "cpu"               # "cpu" (these defaults) or "figure2": see PRESETS
     seed: int = 0
     device: str = "auto"              # "auto" (cuda when present), "cpu", "cuda", "cuda:N"
+    amp: bool = False                 # bfloat16 autocast in training (for a GPU): see train
+    compile: str = ""                 # a torch.compile backend for the training forward
+                                      # ("inductor" on a GPU); "" does not compile
     out_dir: str = "results/runs"
     progress: bool = True
+    label: str = ""                   # a name for tables and figures (a sweep's model name)
 
 
 # ----------------------------------------------------------------------------------------
@@ -271,7 +285,8 @@ def check_config(config):
                 "eval_every"):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
-    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe"):
+    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
+                "num_valid"):
         if not getattr(c, key) >= 0:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 0")
     for key in ("beta2", "dropout"):
@@ -279,6 +294,10 @@ def check_config(config):
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be in [0, 1)")
     if not 0 < c.target_acc <= 1:
         raise ValueError(f"target_acc={c.target_acc} is not allowed: it must be in (0, 1]")
+    backends = torch.compiler.list_backends(exclude_tags=())
+    if c.compile and c.compile not in backends:
+        raise ValueError(f"compile={c.compile!r} is not allowed: choose '' (off) or a "
+                         f"torch.compile backend, one of {', '.join(backends)}")
     if not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
         raise ValueError(f"device={c.device!r} is not allowed: choose 'auto', 'cpu', "
                          "'cuda' or 'cuda:N'")
@@ -544,36 +563,55 @@ def lr_at(step, config):
     return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def identity(config):
+    """What makes two runs the same run: every setting but where the record goes, whether a
+    bar is shown and the label."""
+    return json.dumps({k: v for k, v in dataclasses.asdict(config).items()
+                       if k not in ("out_dir", "progress", "label")}, sort_keys=True)
+
+
 def run_name(config):
-    """A readable, unique file name: the key settings and a hash of the whole config."""
+    """A readable, unique file name: the key settings and a hash of `identity`."""
     c = config
-    digest = hashlib.sha1(json.dumps(dataclasses.asdict(c), sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha1(identity(c).encode()).hexdigest()
     mixer = c.mixer.replace(",", "+").replace(":", "-").replace("=", "")
     return (f"{mixer}-N{c.seq_len}-D{c.num_kv_pairs}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-"
             f"{digest[:8]}")
 
 
 def make_data(config):
-    """Train and test sets from disjoint seeds (2·seed and 2·seed + 1)."""
+    """Train, test and validation sets from disjoint seeds: 2·seed, 2·seed + 1 and
+    2^32 + seed (apart from every train and test seed below 2^31)."""
     c = config
     args = dict(vocab_size=c.vocab_size, seq_len=c.seq_len, num_kv_pairs=c.num_kv_pairs,
                 power_a=c.power_a)
     return (multiquery_ar(c.num_train, seed=2 * c.seed, **args),
-            multiquery_ar(c.num_test, seed=2 * c.seed + 1, **args))
+            multiquery_ar(c.num_test, seed=2 * c.seed + 1, **args),
+            multiquery_ar(c.num_valid, seed=2**32 + c.seed, **args))
 
 
 def train(config):
-    """Train one model; return its record (also written to out_dir as JSON)."""
+    """Train one model; return its record (also written to out_dir as JSON).
+
+    What a GPU user expects, each a setting: the data sits on the device and batches are
+    cut there; `amp` runs the training forward and loss under bfloat16 autocast (matrix
+    products in bfloat16, reductions, norms and FFTs in float32 as autocast decides, RWKV's
+    wkv in float32; no loss scaling is needed with bfloat16); `compile` runs the training
+    forward through torch.compile with that backend. Evaluation stays in float32, eager.
+    """
     check_config(config)
     c = config
     device = resolve_device(c.device)
     start = time.perf_counter()
-    (x_train, y_train), (x_test, y_test) = make_data(c)
-    x_test, y_test = x_test.to(device), y_test.to(device)
+    # every split moves to the device once, so that batches are cut there (on a GPU, no
+    # host-to-device copy per step)
+    (x_train, y_train), (x_test, y_test), (x_valid, y_valid) = (
+        (x.to(device), y.to(device)) for x, y in make_data(c))
     with torch.random.fork_rng(devices=[]):        # seed the init without touching the caller's RNG
         torch.manual_seed(c.seed)
         model = LanguageModel(c).to(device)
     optimizer = make_optimizer(model, c)
+    forward = torch.compile(model, backend=c.compile) if c.compile else model
     order = torch.Generator().manual_seed(c.seed)  # batch order
     history, step, acc, ended = [], 0, 0.0, None   # ended: why the run stopped
     stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
@@ -584,13 +622,14 @@ def train(config):
             perm = (torch.randperm(c.num_train, generator=order) if c.shuffle
                     else torch.arange(c.num_train))
             for b in range(steps_per_epoch(c)):
-                idx = perm[b * c.batch_size:(b + 1) * c.batch_size]
-                inputs, labels = x_train[idx].to(device), y_train[idx].to(device)
+                idx = perm[b * c.batch_size:(b + 1) * c.batch_size].to(device)
+                inputs, labels = x_train[idx], y_train[idx]
                 lr = lr_at(step, c)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                loss, _, _ = labelled_loss(model, inputs, labels)
-                loss = loss + model.aux_loss()
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=c.amp):
+                    loss, _, _ = labelled_loss(forward, inputs, labels)
+                    loss = loss + model.aux_loss()
                 if not torch.isfinite(loss):
                     ended = "diverged"
                     print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
@@ -626,6 +665,8 @@ def train(config):
         "device": str(device), "torch": torch.__version__,
         "n_params": sum(p.numel() for p in model.parameters()), "history": history,
     }
+    if c.num_valid:
+        record["valid_acc"] = evaluate(model, x_valid, y_valid)
     save_record(record, Path(c.out_dir) / f"{run_name(c)}.json")
     if ended == "interrupted":
         raise KeyboardInterrupt
@@ -638,6 +679,263 @@ def save_record(record, path):
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------------------
+# the paper's sweeps: one run per grid point, one JSON file per run, resumable
+
+# Each sweep as {scale: grid or list of grids}. A grid lists its models as label -> mixer
+# setting, "nd" the (N, D) pairs, and the values of every other key it sets; its runs are
+# the product of them all. "paper" is
+# the paper's grid (Figure 2 on the official recipe, --preset=figure2); "cpu" a reduced one
+# for two CPU cores, every reduction said in the README ("The paper's experiments").
+PAPER_LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)          # logspace(-4, -2, 4), 3 digits
+FIG2_MODELS = {name: name for name in FIGURE2_MIXERS}
+BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Figure 2's stack
+# c = 512 and 1M fresh examples (8000 steps of 128, none seen twice): README, "The paper's
+# experiments", says why
+CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_000],
+                max_steps=[8000], eval_every=[500], num_valid=[1000])
+WINDOW_MODELS = {"attention": "attention", "sliding window 8": "sliding_window:window=9",
+                 "sliding window 32": "sliding_window:window=33",
+                 "blocked 32": "blocked_attention:block_size=32"}
+HYBRID_MODELS = {"base_conv": BASE_CONV, "attention": "attention",
+                 **{f"+ {s} selection": f"base_conv:kernel_size=3,selective_attention:selection={s}"
+                    for s in ("programmatic", "learned", "random")}}
+F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
+             "blocked 32": "blocked_attention:block_size=32",
+             "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
+SWEEPS = {
+    # the main job: at one small width attention solves MQAR, a gated convolution does not
+    "main": {"cpu": dict(models={"attention": "attention",
+                                 "base_conv": BASE_CONV}, max_steps=[1000])},
+    "fig2": {
+        "paper": dict(models=FIG2_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
+                      nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
+                      num_valid=[3000]),
+        # Claim 1 in three parts: BaseConv rises with d at N = 32 (d >= N), every gated
+        # convolution at d = 32 < N = 64, attention at d = 64 for both N
+        "cpu": [dict(models={"attention": "attention", "base_conv": BASE_CONV}, nd=[(32, 4)],
+                     d_model=[32, 64, 128, 256], **CPU_FIG2),
+                dict(models={"base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena",
+                             "rwkv": "rwkv"}, nd=[(64, 4)], d_model=[32], **CPU_FIG2),
+                dict(models={"attention": "attention"}, nd=[(64, 4)], d_model=[64], **CPU_FIG2)],
+    },
+    # appendix F.1: windows 8 and 32 in the official counting (it attends to W + 1 tokens)
+    "fig6": {
+        "paper": dict(models=WINDOW_MODELS, preset=["figure2"], seq_len=[256], power_a=[0.1],
+                      num_kv_pairs=[8, 16, 32, 64], d_model=[64, 128, 256], lr=PAPER_LRS,
+                      seed=[0, 1, 2], num_valid=[3000]),
+        "cpu": dict(models=WINDOW_MODELS, seq_len=[128], power_a=[0.1],
+                    num_kv_pairs=[4, 8, 16, 32], d_model=[64], lr=[3e-3], seed=[0, 1, 2],
+                    max_steps=[3000], num_valid=[1000]),
+    },
+    # Section 5: a BaseConv model with one selective-attention layer, against both pure ones
+    "hybrids": {
+        scale: dict(models=HYBRID_MODELS, nd=nd, d_model=[64], lr=lrs, seed=[0, 1, 2],
+                    max_steps=[steps], num_valid=[1000], **extra)
+        for scale, nd, lrs, steps, extra in (
+            ("paper", [(64, 4), (128, 8), (256, 16)], PAPER_LRS, 8000, {}),
+            ("cpu", [(64, 4)], [3e-3], 2000, {}))
+    },
+    # appendix F.2: RetNet and sparse attention next to the gated convolutions
+    "f2": {
+        "paper": dict(models=F2_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
+                      nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
+                      num_valid=[3000]),
+        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64, 128], lr=[3e-3],
+                    seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
+    },
+}
+
+
+def sweep_runs(name, scale):
+    """The runs of sweep `name` at `scale`, as (label, Config overrides) pairs."""
+    check_choice("sweep", name, tuple(SWEEPS))
+    check_choice("scale", scale, tuple(SWEEPS[name]))
+    grids, runs = SWEEPS[name][scale], []
+    for grid in grids if isinstance(grids, list) else [grids]:       # a list: grids in turn
+        grid = dict(grid)
+        models, nd = grid.pop("models"), grid.pop("nd", [(None, None)])
+        for label, mixer in models.items():
+            for (N, D), *values in itertools.product(nd, *grid.values()):
+                overrides = dict(label=label, mixer=mixer, out_dir=f"results/{name}",
+                                 progress=False, **dict(zip(grid, values)))
+                if N is not None:
+                    overrides.update(seq_len=N, num_kv_pairs=D)
+                runs.append((label, overrides))
+    return runs
+
+
+def command_line(overrides):
+    """The `python train.py --key=value ...` line that runs one grid point."""
+    return "python train.py " + " ".join(shlex.quote(f"--{k}={v}") for k, v in overrides.items())
+
+
+def run_sweep(name, scale, dry_run=False, resume=True):
+    """Run every run of the sweep that has no finished record yet (a killed sweep resumes
+    where it stopped; resume=False reruns them all), with a bar over runs; or, with
+    dry_run, print one command line per run."""
+    runs = sweep_runs(name, scale)
+    if dry_run:
+        for _, overrides in runs:
+            print(command_line(overrides))
+        return []
+    # finished runs by what they ran (a record from before a new Config key reads as having
+    # its default); a foreign file stops the sweep here, before any run
+    done = {identity(Config(**r["config"])): r for r in load_records(f"results/{name}")
+            if r["ended"] != "interrupted"} if resume else {}
+    records = []
+    for label, overrides in tqdm(runs, desc=f"{name} ({scale})", unit="run"):
+        config = make_config(**{**overrides, "progress": True})
+        records.append(done.get(identity(config)) or train(config))
+    return records
+
+
+def load_records(folder):
+    """Every run record in `folder` (none if it does not exist). A file that is not a record
+    of train.py raises a ValueError naming it."""
+    records = []
+    for path in sorted(Path(folder).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            Config(**record["config"])
+            float(record["test_acc"]), record["history"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a run record of train.py ({type(e).__name__}: "
+                             f"{e}); move it out of {folder}") from None
+        records.append(record)
+    return records
+
+
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_interval(values):
+    """(mean, half-width of its 95% t-interval); the half-width is nan for one value."""
+    n, mean = len(values), sum(values) / len(values)
+    if n < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, (T95[n - 2] if n <= 31 else 1.96) * sd / math.sqrt(n)
+
+
+CELL_KEYS = ("mixer", "seq_len", "num_kv_pairs", "d_model")
+
+
+def cells(records):
+    """One row per cell (mixer, N, D, d), with its label: the learning rate with the best
+    mean validation accuracy over its seeds (test accuracy where a run has no validation
+    split), and over that lr's seeds the mean test accuracy and its 95% interval."""
+    by_cell = {}
+    for r in records:
+        cell = tuple(r["config"][k] for k in CELL_KEYS)
+        by_cell.setdefault(cell, {}).setdefault(r["config"]["lr"], []).append(r)
+    rows = []
+    for cell, by_lr in sorted(by_cell.items(), key=lambda item: item[0]):
+        def score(lr):
+            return mean_interval([r.get("valid_acc", r["test_acc"]) for r in by_lr[lr]])[0]
+        lr = max(by_lr, key=score)
+        mean, half = mean_interval([r["test_acc"] for r in by_lr[lr]])
+        label = by_lr[lr][0]["config"].get("label") or cell[0]
+        rows.append(dict(zip(CELL_KEYS, cell), label=label, lr=lr, seeds=len(by_lr[lr]),
+                         test_acc=mean, interval=half, valid_acc=score(lr)))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# figures: the paper's layout, drawn from the records in results/<sweep>/
+
+# Figure 2's accuracies read off the plot (±0.03) at d = 64, 128, 256, 512, by N; attention
+# is ≈ 0.99 everywhere (paper Section 4, Figure 2).
+PAPER_FIG2 = {
+    "attention": {N: (0.99, 0.99, 0.99, 0.99) for N in (64, 128, 256, 512)},
+    "hyena": {64: (.51, .74, .83, .85), 128: (.20, .63, .73, .83), 256: (.05, .14, .53, .68),
+              512: (.02, .04, .11, .18)},
+    "rwkv": {64: (.74, .93, .95, .97), 128: (.18, .50, .74, .91), 256: (.06, .07, .66, .78),
+             512: (.02, .03, .16, .37)},
+    "h3": {64: (.91, .97, .97, .96), 128: (.25, .72, .89, .75), 256: (.06, .63, .61, .66),
+           512: (.02, .03, .03, .10)},
+    "base_conv": {64: (.69, .92, .94, .97), 128: (.37, .61, .83, .94),
+                  256: (.15, .34, .80, .92), 512: (.02, .03, .04, .70)},
+}
+# per sweep: the keys that make a panel, and the x axis
+PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
+             "fig6": (("seq_len", "d_model"), "num_kv_pairs"),
+             "hybrids": (("d_model",), "seq_len"), "f2": (("seq_len", "num_kv_pairs"), "d_model")}
+
+
+def paper_value(sweep, label, cell):
+    """Figure 2's read-off value for a cell, or None where the paper has none."""
+    values = PAPER_FIG2.get(label, {}).get(cell["seq_len"]) if sweep == "fig2" else None
+    d = (64, 128, 256, 512)
+    return values[d.index(cell["d_model"])] if values and cell["d_model"] in d else None
+
+
+def state_size(config):
+    """Numbers of recurrent state per example after seq_len tokens, over every layer."""
+    with torch.random.fork_rng(devices=[]):
+        model = LanguageModel(config)
+    return sum(b.mixer.state_size(config.seq_len) for b in model.blocks)
+
+
+def plot_sweep(name):
+    """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
+    validation) against the x key, one panel per panel key, the paper's values as faint
+    crosses; results/<name>_state.png: accuracy against recurrent state size."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    check_choice("plot", name, tuple(PLOT_AXES))
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"results/{name} holds no records: run --sweep={name} first")
+    rows = cells(records)
+    panel_keys, x_key = PLOT_AXES[name]
+    panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    colors = {label: f"C{i}" for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3), squeeze=False,
+                             sharey=True)
+    for ax, panel in zip(axes[0], panels):
+        for label in labels:
+            pts = sorted((r[x_key], r["test_acc"], r["interval"], paper_value(name, label, r))
+                         for r in rows if r["label"] == label
+                         and tuple(r[k] for k in panel_keys) == panel)
+            if not pts:
+                continue
+            x, y, half, paper = zip(*pts)
+            ax.errorbar(x, y, yerr=[0 if math.isnan(h) else h for h in half], marker="o",
+                        ms=3, capsize=2, color=colors[label], label=label)
+            ax.scatter([a for a, p in zip(x, paper) if p is not None],
+                       [p for p in paper if p is not None], marker="x", alpha=0.35,
+                       color=colors[label])
+        ax.set_xscale("log", base=2)
+        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(panel_keys, panel)), fontsize=9)
+        ax.set_xlabel(x_key)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][0].set_ylim(0, 1.02)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(f"results/{name}.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for row in rows:
+        config = Config(**next(r["config"] for r in records if all(
+            r["config"][k] == row[k] for k in CELL_KEYS)))
+        ax.scatter(state_size(config), row["test_acc"], color=colors[row["label"]], s=12)
+    for label in labels:
+        ax.scatter([], [], color=colors[label], label=label)
+    ax.set_xscale("log")
+    ax.set(xlabel="recurrent state size (numbers per example, all layers)",
+           ylabel="test accuracy", ylim=(0, 1.02))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(f"results/{name}_state.png", dpi=120)
+    plt.close("all")
+    return [f"results/{name}.png", f"results/{name}_state.png"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -699,6 +997,20 @@ def print_table(records):
     Console(width=None if sys.stdout.isatty() else 120).print(table)
 
 
+def print_cells(rows):
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="MQAR test accuracy per cell: mean over seeds ± 95% interval, the lr "
+                        "chosen on the validation split")
+    for col in ("label", "N", "D", "d", "lr", "seeds", "test acc", "± 95%"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["label"], str(r["seq_len"]), str(r["num_kv_pairs"]),
+                      str(r["d_model"]), f"{r['lr']:g}", str(r["seeds"]), f"{r['test_acc']:.3f}",
+                      f"{r['interval']:.3f}")
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
+
+
 def summarize(records):
     """One line over runs that differ only in seed: how many passed the target, and the
     median and range of their steps and training seconds, a run that never passed counting
@@ -721,24 +1033,64 @@ def summarize(records):
             f"{spread([r['train_time_s'] for r in records], finished)}")
 
 
+def plot_curves(records, path):
+    """Test accuracy against training examples seen, one line per run (its history)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for r in records:
+        c, h = r["config"], [e for e in r["history"] if "test_acc" in e]
+        ax.plot([e["step"] * c["batch_size"] for e in h], [e["test_acc"] for e in h],
+                marker="o", ms=3, label=f"{c['label'] or c['mixer']} (d={c['d_model']})")
+    ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
+           title="MQAR, N={seq_len}, D={num_kv_pairs}, c={vocab_size}".format(**c))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot")
+
+
 def main(argv):
-    """The command line: one training run, --seeds=N runs (seeds seed .. seed+N-1), --bench."""
+    """The command line: the main job (no arguments), one run (--key=value ...), --seeds=N
+    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --bench."""
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         for f in dataclasses.fields(Config):
             print(f"  --{f.name}={getattr(Config(), f.name)}")
         return 0
-    bench_mode = "--bench" in argv
-    seeds = [a for a in argv if a.startswith("--seeds=")]
+    flags = {a.split("=", 1)[0]: a.partition("=")[2] for a in argv
+             if a.split("=", 1)[0] in COMMANDS}
+    rest = [a for a in argv if a.split("=", 1)[0] not in COMMANDS]
     try:
-        n_seeds = _parse_value("seeds", seeds[-1].split("=", 1)[1], int) if seeds else 1
+        n_seeds = _parse_value("seeds", flags.get("--seeds", "1"), int)
         if n_seeds < 1:
             raise ValueError(f"--seeds={n_seeds} is not allowed: seeds must be >= 1")
-        config = parse_overrides([a for a in argv if a != "--bench" and a not in seeds])
+        if ("--sweep" in flags or "--plot" in flags) and rest:
+            raise ValueError(f"{rest[0]!r} is not allowed with --sweep or --plot: a sweep's "
+                             "settings are its grid (SWEEPS in train.py)")
+        if "--plot" in flags:
+            for path in plot_sweep(flags["--plot"]):
+                print(f"wrote {path}")
+            return 0
+        if "--sweep" in flags or not argv:
+            name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
+            records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume=bool(argv))
+            if name == "main" and records:
+                print_table(records)
+                print(f"wrote {plot_curves(records, 'results/main.png')}")
+            elif records:
+                print_cells(cells(records))
+            return 0
+        config = parse_overrides(rest)
     except ValueError as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
-    if bench_mode:
+    if "--bench" in flags:
         bench(config)
         return 0
     records = []
