@@ -25,7 +25,8 @@ Usage:
                                       scale cpu or paper; records in results/<sweep>/,
                                       finished runs skipped; --dry_run prints the runs'
                                       command lines instead (for Slurm, xargs -P, ...)
-  python train.py --plot=fig2         results/fig2.png and results/fig2_state.png
+  python train.py --plot=fig2         the table of its cells, results/fig2.png and
+                                      results/fig2_state.png
   python train.py --bench             training-step time vs logits at every position
 
 Every run writes one JSON record (its config, test accuracy, steps, times, device, torch
@@ -715,8 +716,10 @@ SWEEPS = {
                       num_valid=[3000]),
         # Claim 1 in three parts: BaseConv rises with d at N = 32 (d >= N), every gated
         # convolution at d = 32 < N = 64, attention at d = 64 for both N
-        "cpu": [dict(models={"attention": "attention", "base_conv": BASE_CONV}, nd=[(32, 4)],
-                     d_model=[32, 64, 128, 256], **CPU_FIG2),
+        "cpu": [dict(models={"attention": "attention"}, nd=[(32, 4)], d_model=[32, 64, 128],
+                     **CPU_FIG2),
+                dict(models={"base_conv": BASE_CONV}, nd=[(32, 4)], d_model=[32, 64, 128, 256],
+                     **CPU_FIG2),
                 dict(models={"base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena",
                              "rwkv": "rwkv"}, nd=[(64, 4)], d_model=[32], **CPU_FIG2),
                 dict(models={"attention": "attention"}, nd=[(64, 4)], d_model=[64], **CPU_FIG2)],
@@ -862,6 +865,7 @@ PAPER_FIG2 = {
     "base_conv": {64: (.69, .92, .94, .97), 128: (.37, .61, .83, .94),
                   256: (.15, .34, .80, .92), 512: (.02, .03, .04, .70)},
 }
+SYMBOLS = {"seq_len": "N", "num_kv_pairs": "D", "d_model": "d", "vocab_size": "c"}
 # per sweep: the keys that make a panel, and the x axis
 PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
              "fig6": (("seq_len", "d_model"), "num_kv_pairs"),
@@ -885,8 +889,10 @@ def state_size(config):
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
-    crosses; results/<name>_state.png: accuracy against recurrent state size."""
+    crosses; results/<name>_state.png: accuracy against recurrent state size;
+    results/<name>_curves.png: the first seed's learning curves."""
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     check_choice("plot", name, tuple(PLOT_AXES))
@@ -898,8 +904,8 @@ def plot_sweep(name):
     panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
     colors = {label: f"C{i}" for i, label in enumerate(labels)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
+                             squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
         for label in labels:
             pts = sorted((r[x_key], r["test_acc"], r["interval"], paper_value(name, label, r))
@@ -914,8 +920,13 @@ def plot_sweep(name):
                        [p for p in paper if p is not None], marker="x", alpha=0.35,
                        color=colors[label])
         ax.set_xscale("log", base=2)
-        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(panel_keys, panel)), fontsize=9)
-        ax.set_xlabel(x_key)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
+                     fontsize=9)
+        ax.set_xlabel(SYMBOLS[x_key])
+    vocab = sorted({r["config"]["vocab_size"] for r in records})
+    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}: mean and 95% interval over "
+                 "seeds\n(x: the paper's value)", fontsize=9)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
     axes[0][-1].legend(fontsize=7)
@@ -935,7 +946,9 @@ def plot_sweep(name):
     fig.tight_layout()
     fig.savefig(f"results/{name}_state.png", dpi=120)
     plt.close("all")
-    return [f"results/{name}.png", f"results/{name}_state.png"]
+    first_seed = min(r["seed"] for r in records)
+    plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
+    return [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -1034,18 +1047,21 @@ def summarize(records):
 
 
 def plot_curves(records, path):
-    """Test accuracy against training examples seen, one line per run (its history)."""
+    """Test accuracy against training examples seen, one line per run (its history; where
+    an evaluation scored only the probe, the first eval_probe test examples, that score)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(6, 4))
     for r in records:
-        c, h = r["config"], [e for e in r["history"] if "test_acc" in e]
-        ax.plot([e["step"] * c["batch_size"] for e in h], [e["test_acc"] for e in h],
-                marker="o", ms=3, label=f"{c['label'] or c['mixer']} (d={c['d_model']})")
+        c, h = r["config"], r["history"]
+        ax.plot([e["step"] * c["batch_size"] for e in h],
+                [e.get("test_acc", e.get("probe_acc")) for e in h],
+                marker="o", ms=3, label="{} N={} d={}".format(c["label"] or c["mixer"],
+                                                              c["seq_len"], c["d_model"]))
     ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
-           title="MQAR, N={seq_len}, D={num_kv_pairs}, c={vocab_size}".format(**c))
-    ax.legend(fontsize=7)
+           title=f"MQAR, D = {c['num_kv_pairs']}, c = {c['vocab_size']}")
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -1074,8 +1090,9 @@ def main(argv):
             raise ValueError(f"{rest[0]!r} is not allowed with --sweep or --plot: a sweep's "
                              "settings are its grid (SWEEPS in train.py)")
         if "--plot" in flags:
-            for path in plot_sweep(flags["--plot"]):
-                print(f"wrote {path}")
+            paths = plot_sweep(flags["--plot"])
+            print_cells(cells(load_records(f"results/{flags['--plot']}")))
+            print("wrote " + ", ".join(paths))
             return 0
         if "--sweep" in flags or not argv:
             name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
