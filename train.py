@@ -687,9 +687,9 @@ def save_record(record, path):
 
 # Each sweep as {scale: grid or list of grids}. A grid lists its models as label -> mixer
 # setting, "nd" the (N, D) pairs, and the values of every other key it sets; its runs are
-# the product of them all. "paper" is
-# the paper's grid (Figure 2 on the official recipe, --preset=figure2); "cpu" a reduced one
-# for two CPU cores, every reduction said in the README ("The paper's experiments").
+# the product of them all. "paper" is the paper's grid (on the official recipe,
+# --preset=figure2, where the paper used it); "cpu" a reduced one for two CPU cores, every
+# reduction said in the README ("The paper's experiments").
 PAPER_LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)          # logspace(-4, -2, 4), 3 digits
 FIG2_MODELS = {name: name for name in FIGURE2_MIXERS}
 BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Figure 2's stack
@@ -700,9 +700,9 @@ CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_00
 WINDOW_MODELS = {"attention": "attention", "sliding window 8": "sliding_window:window=9",
                  "sliding window 32": "sliding_window:window=33",
                  "blocked 32": "blocked_attention:block_size=32"}
-HYBRID_MODELS = {"base_conv": BASE_CONV, "attention": "attention",
-                 **{f"+ {s} selection": f"base_conv:kernel_size=3,selective_attention:selection={s}"
-                    for s in ("programmatic", "learned", "random")}}
+HYBRID_MODELS = {"base_conv": BASE_CONV, "attention": "attention", **{
+    f"+ {s} selection": f"base_conv:kernel_size=3,selective_attention:selection={s}"
+    for s in ("programmatic", "learned", "random")}}
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",
              "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
@@ -735,11 +735,10 @@ SWEEPS = {
     },
     # Section 5: a BaseConv model with one selective-attention layer, against both pure ones
     "hybrids": {
-        scale: dict(models=HYBRID_MODELS, nd=nd, d_model=[64], lr=lrs, seed=[0, 1, 2],
-                    max_steps=[steps], num_valid=[1000], **extra)
-        for scale, nd, lrs, steps, extra in (
-            ("paper", [(64, 4), (128, 8), (256, 16)], PAPER_LRS, 8000, {}),
-            ("cpu", [(64, 4)], [3e-3], 2000, {}))
+        "paper": dict(models=HYBRID_MODELS, nd=[(64, 4), (128, 8), (256, 16)], d_model=[64],
+                      lr=PAPER_LRS, seed=[0, 1, 2], max_steps=[8000], num_valid=[1000]),
+        "cpu": dict(models=HYBRID_MODELS, nd=[(64, 4)], d_model=[64], lr=[3e-3],
+                    seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
     },
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
@@ -784,14 +783,18 @@ def run_sweep(name, scale, dry_run=False, resume=True):
         for _, overrides in runs:
             print(command_line(overrides))
         return []
-    # finished runs by what they ran (a record from before a new Config key reads as having
-    # its default); a foreign file stops the sweep here, before any run
-    done = {identity(Config(**r["config"])): r for r in load_records(f"results/{name}")
-            if r["ended"] != "interrupted"} if resume else {}
+    def finished():
+        """Finished runs by what they ran (a record from before a new Config key reads as
+        having its default); read before every run, so that runs other workers finish
+        (--dry_run lines) are skipped too. A foreign file stops the sweep before any run."""
+        return {identity(Config(**r["config"])): r for r in load_records(f"results/{name}")
+                if r["ended"] != "interrupted"} if resume else {}
+
+    finished()
     records = []
     for label, overrides in tqdm(runs, desc=f"{name} ({scale})", unit="run"):
         config = make_config(**{**overrides, "progress": True})
-        records.append(done.get(identity(config)) or train(config))
+        records.append(finished().get(identity(config)) or train(config))
     return records
 
 
@@ -872,11 +875,10 @@ PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
              "hybrids": (("d_model",), "seq_len"), "f2": (("seq_len", "num_kv_pairs"), "d_model")}
 
 
-def paper_value(sweep, label, cell):
-    """Figure 2's read-off value for a cell, or None where the paper has none."""
-    values = PAPER_FIG2.get(label, {}).get(cell["seq_len"]) if sweep == "fig2" else None
-    d = (64, 128, 256, 512)
-    return values[d.index(cell["d_model"])] if values and cell["d_model"] in d else None
+def paper_points(sweep, label, seq_len):
+    """Figure 2's read-off (d, accuracy) points for a model at N = seq_len (none elsewhere)."""
+    values = PAPER_FIG2.get(label, {}).get(seq_len, ()) if sweep == "fig2" else ()
+    return list(zip((64, 128, 256, 512), values))
 
 
 def state_size(config):
@@ -908,16 +910,17 @@ def plot_sweep(name):
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
         for label in labels:
-            pts = sorted((r[x_key], r["test_acc"], r["interval"], paper_value(name, label, r))
-                         for r in rows if r["label"] == label
-                         and tuple(r[k] for k in panel_keys) == panel)
-            if not pts:
+            here = [r for r in rows if r["label"] == label
+                    and tuple(r[k] for k in panel_keys) == panel]
+            if not here:
                 continue
-            x, y, half, paper = zip(*pts)
-            ax.errorbar(x, y, yerr=[0 if math.isnan(h) else h for h in half], marker="o",
-                        ms=3, capsize=2, color=colors[label], label=label)
-            ax.scatter([a for a, p in zip(x, paper) if p is not None],
-                       [p for p in paper if p is not None], marker="x", alpha=0.35,
+            x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
+            half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
+            ax.errorbar(x, y, yerr=[[min(h, v) for h, v in zip(half, y)],         # within [0, 1]
+                                    [min(h, 1 - v) for h, v in zip(half, y)]],
+                        marker="o", ms=3, capsize=2, color=colors[label], label=label)
+            paper = paper_points(name, label, here[0]["seq_len"])
+            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.4,
                        color=colors[label])
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -926,10 +929,10 @@ def plot_sweep(name):
         ax.set_xlabel(SYMBOLS[x_key])
     vocab = sorted({r["config"]["vocab_size"] for r in records})
     fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}: mean and 95% interval over "
-                 "seeds\n(x: the paper's value)", fontsize=9)
+                 "seeds\n(x: the paper's Figure 2 at c = 8192, read off the plot)", fontsize=9)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(f"results/{name}.png", dpi=120)
     fig, ax = plt.subplots(figsize=(5, 3.5))
