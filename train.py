@@ -783,6 +783,7 @@ def run_sweep(name, scale, dry_run=False, resume=True):
         for _, overrides in runs:
             print(command_line(overrides))
         return []
+
     def finished():
         """Finished runs by what they ran (a record from before a new Config key reads as
         having its default); read before every run, so that runs other workers finish
@@ -806,7 +807,7 @@ def load_records(folder):
         try:
             record = json.loads(path.read_text())
             Config(**record["config"])
-            float(record["test_acc"]), record["history"]
+            float(record["test_acc"]), record["history"], record["ended"]
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a run record of train.py ({type(e).__name__}: "
                              f"{e}); move it out of {folder}") from None
