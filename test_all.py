@@ -1543,7 +1543,7 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
     for i, (mixer, d) in enumerate([("attention", 32), ("attention", 64), ("h3", 32)]):
         r = fake_record(3e-3, 0, 0.3 + 0.1 * i, 0.3, mixer=mixer, d_model=d, label=mixer, **base)
         train.save_record(r, tmp_path / "results" / "fig2" / f"{i}.json")
-    paths = train.plot_sweep("fig2")
+    _, paths = train.plot_sweep("fig2")
     assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True, True]
 
 

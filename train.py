@@ -893,7 +893,8 @@ def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
     crosses; results/<name>_state.png: accuracy against recurrent state size;
-    results/<name>_curves.png: the first seed's learning curves."""
+    results/<name>_curves.png: the first seed's learning curves. Returns (the cells' rows,
+    the paths written)."""
     import matplotlib
     import matplotlib.ticker
     matplotlib.use("Agg")
@@ -952,7 +953,8 @@ def plot_sweep(name):
     plt.close("all")
     first_seed = min(r["seed"] for r in records)
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
-    return [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
+    return rows, [f"results/{name}.png", f"results/{name}_state.png",
+                  f"results/{name}_curves.png"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -1094,8 +1096,8 @@ def main(argv):
             raise ValueError(f"{rest[0]!r} is not allowed with --sweep or --plot: a sweep's "
                              "settings are its grid (SWEEPS in train.py)")
         if "--plot" in flags:
-            paths = plot_sweep(flags["--plot"])
-            print_cells(cells(load_records(f"results/{flags['--plot']}")))
+            rows, paths = plot_sweep(flags["--plot"])
+            print_cells(rows)
             print("wrote " + ", ".join(paths))
             return 0
         if "--sweep" in flags or not argv:
