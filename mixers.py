@@ -25,6 +25,9 @@ and the recurrences, linear attention and hybrids the paper studies or names:
                      chunked scan (fast).
   selective_attention  Section 5: attention whose output row i is kept only where
                      f(u)[i] = 1, f programmatic, learned or random.
+  input_dependent_conv  BaseConv with filters chosen from the input (Thm 4.5, Figure 2's
+                     lower rows): shifts at the distances where a token repeats, or at the
+                     top autocorrelation lags.
 
 Two forms, where the paper and the code behind its figures differ. Where the paper's text
 (or the mixer's own paper) defines the operator, that form is the default, form="paper".
@@ -78,6 +81,7 @@ theory.py's Thm 4.2 section and the mixer tests say in their glossaries why they
 import argparse
 import math
 import time
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -1791,6 +1795,134 @@ class SelectiveAttention(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
+# BaseConv with input-dependent filters (Thm 4.5, appendix H.8; Figure 2's lower rows)
+#
+# Thm 4.5 solves MQAR with O(1) BaseConv layers whose filters depend on the input: for each
+# distance s of a set S, the shift filters X^s and X^{s-1} bring the token s back and the
+# token after it to position i, a gate multiplies the first with u_i, a projection sums
+# that match over the channels and a second gate puts it on the second:
+#   y_i = Σ_{s ∈ S_i} (q_i · k_{i-s}) v_{i-s+1}
+# theory.mqar_input_dependent_layers builds it with one-hot q = k = v = u. The trainable
+# layer learns q, k, v and an output projection, scales the match by 1/√d as attention
+# does, and averages over the |S_i| distances that reach back into the sequence (s <= i),
+# so that a row with many matches stays on scale. Two rules choose S_i from the token ids:
+#   programmatic     the distances at which u_i occurred before: {s >= 1 : u_{i-s} = u_i}
+#   autocorrelation  the t lags of largest autocorrelation r_i(s) = #{j <= i : u_j = u_{j-s}}
+#                    (ties to the smaller lag), the rule H.8 proposes, over the prefix
+#                    u_0..u_i so that the layer stays causal; at the last position it is
+#                    the whole sequence's rule (theory.top_lags).
+# The filler token repeats at every lag, so the top lags of an MQAR sequence with filler 0
+# need not be the key-query distances (the H.8 erratum that theory.check_thm_4_5 shows).
+
+def chosen_lags(tokens, filters, num_lags):
+    """S_i as a (B, T, T) bool over lags: chosen[b, i, s] for 1 <= s <= i."""
+    B, T = tokens.shape
+    i = torch.arange(T, device=tokens.device)
+    back = i[:, None] - i[None, :]                                           # [i, s] = i - s
+    reach = (back >= 0) & (i[None, :] >= 1)                                  # 1 <= s <= i
+    same = tokens[:, :, None] == tokens[:, None, :]                          # [b, i, j]
+    hits = same.gather(2, back.clamp(min=0).expand(B, T, T)) & reach         # u_i = u_{i-s}
+    if filters == "programmatic":
+        return hits
+    r = hits.long().cumsum(1).masked_fill(~reach, -1)                       # r_i(s), s <= i
+    top = torch.argsort(-r, dim=-1, stable=True)[..., :num_lags]           # ties: smaller s
+    return torch.zeros_like(hits).scatter(-1, top, True) & reach
+
+
+def input_dependent_conv_reference(q, k, v, chosen):
+    """Thm 4.5's layers, one shift per lag: match_s = Σ_a q^a ⊙ shift_down(k, s)^a, gated
+    onto shift_down(v, s - 1), summed over the chosen lags and averaged.
+
+    q, k, v: (B, T, d); chosen: (B, T, T) bool over lags (chosen_lags). Returns (B, T, d).
+    """
+    T, d = q.shape[1], q.shape[2]
+    y = torch.zeros_like(v)
+    for s in range(1, T):
+        match = (q[:, s:] * k[:, :T - s]).sum(-1) / math.sqrt(d)           # (B, T - s)
+        y[:, s:] += (match * chosen[:, s:, s])[..., None] * v[:, 1:T - s + 1]
+    return y / chosen.sum(-1, keepdim=True).clamp(min=1)
+
+
+def input_dependent_conv_fast(q, k, v, chosen):
+    """The same as one masked product: weights[i, j] = q_i·k_j/√d where the lag i - j is
+    chosen; y = weights · v_next / |S_i|. Materializes (B, T, T)."""
+    T, d = q.shape[1], q.shape[2]
+    i = torch.arange(T, device=q.device)
+    back = (i[:, None] - i[None, :]).clamp(min=0)                            # [i, j] = i - j
+    mask = chosen.gather(2, back.expand_as(chosen)) & (i[None, :] < i[:, None])
+    weights = (q @ k.transpose(1, 2) / math.sqrt(d)) * mask                 # (B, T, T)
+    v_next = F.pad(v[:, 1:], (0, 0, 0, 1))                                   # v_{j+1}
+    return weights @ v_next / chosen.sum(-1, keepdim=True).clamp(min=1)
+
+
+INPUT_DEPENDENT_CONV_IMPLS = {"fast": input_dependent_conv_fast,
+                              "reference": input_dependent_conv_reference}
+
+
+class InputDependentConv(Mixer):
+    """BaseConv with input-dependent filters: Thm 4.5's layer with learned projections.
+
+    y = W_o (Σ_{s ∈ S_i} (q_i·k_{i-s}/√d) v_{i-s+1}) / |S_i|, q, k, v = x W_q, x W_k, x W_v,
+    S_i chosen from the token ids by `filters` ("programmatic" or "autocorrelation", see the
+    section's comment). num_lags: how many lags the autocorrelation rule keeps (Thm 4.5's t
+    distinct interaction distances; "programmatic" does not use it). The paper gives no
+    trainable form of this layer and the official code has none, so Figure 2's lower rows
+    are rebuilt here (README, "Figure 2 at cpu scale"). forward(x, tokens) and
+    step(x_t, state, token) take the token ids, as selective attention does.
+    State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
+    and for "autocorrelation" the counts r(s) of the lags 1..n-1.
+    """
+
+    takes_tokens = True
+
+    def __init__(self, d_model, seq_len, filters="programmatic", num_lags=8, impl="fast"):
+        super().__init__()
+        check_choice("filters", filters, ("programmatic", "autocorrelation"))
+        check_positive("num_lags", num_lags)
+        check_choice("impl", impl, tuple(INPUT_DEPENDENT_CONV_IMPLS))
+        self.filters, self.num_lags, self.impl = filters, num_lags, impl
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x, tokens=None):
+        if tokens is None:
+            raise ValueError("tokens=None is not allowed: input_dependent_conv chooses its "
+                             "filters from the token ids, forward(x, tokens=(B, T) ids)")
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        chosen = chosen_lags(tokens, self.filters, self.num_lags)
+        return self.out_proj(INPUT_DEPENDENT_CONV_IMPLS[self.impl](q, k, v, chosen))
+
+    def step(self, x_t, state=None, token=None):
+        if token is None:
+            raise ValueError("token=None is not allowed: input_dependent_conv chooses its "
+                             "filters from the token ids, step(x_t, state, token=(B,) ids)")
+        q, k, v = self.qkv(x_t).chunk(3, dim=-1)                              # (B, d) each
+        B, d = q.shape
+        if state is None:
+            empty, none = q.new_zeros(B, 0, d), token.new_zeros(B, 0)
+            state = (empty, empty, none) + ((none,) if self.filters != "programmatic" else ())
+        keys, values, past, *counts = state           # after t tokens; counts: lags 1..t-1
+        t = past.shape[1]
+        hits = (past == token[:, None]).flip(1)                  # [s - 1] = (u_t = u_{t-s})
+        if self.filters == "programmatic":
+            chosen = hits
+        else:
+            counts = [F.pad(counts[0], (0, t - counts[0].shape[1])) + hits]    # r_t(s), s <= t
+            top = torch.argsort(-counts[0], dim=-1, stable=True)[:, :self.num_lags]
+            chosen = torch.zeros_like(hits).scatter(-1, top, True)
+        match = (keys.flip(1) @ q[:, :, None])[..., 0] / math.sqrt(d)      # [s - 1]: k_{t-s}
+        v_after = torch.cat([values[:, 1:], v[:, None]], 1).flip(1)       # [s - 1]: v_{t-s+1}
+        y = ((match * chosen)[..., None] * v_after).sum(1)
+        y = self.out_proj(y / chosen.sum(-1, keepdim=True).clamp(min=1))
+        keys, values = torch.cat([keys, k[:, None]], 1), torch.cat([values, v[:, None]], 1)
+        return y, (keys, values, torch.cat([past, token[:, None]], 1), *counts)
+
+    def state_size(self, t):
+        d = self.out_proj.in_features
+        return 2 * t * d + t + (max(t - 1, 0) if self.filters == "autocorrelation" else 0)
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -1807,6 +1939,7 @@ MIXERS = {
     "based": Based,
     "mamba": Mamba,
     "selective_attention": SelectiveAttention,
+    "input_dependent_conv": InputDependentConv,
 }
 
 
@@ -1849,7 +1982,8 @@ def bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
             fast = MIXERS[name](d, T, impl="fast", **kwargs)
             ref = MIXERS[name](d, T, impl="reference", **kwargs)
             ref.load_state_dict(fast.state_dict())
-            tf, tr = _forward_seconds(fast, x), _forward_seconds(ref, x)
+            extra = {"tokens": torch.randint(0, 16, (B, T))} if fast.takes_tokens else {}
+            tf, tr = (_forward_seconds(partial(m, **extra), x) for m in (fast, ref))
             if name == "attention":
                 t_attention = tf                              # the first row of MIXERS
             print(f"{label:<28}{B:>3}{T:>6}{d:>4}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}"

@@ -322,10 +322,23 @@ def make_mixer(name, D=16, T=24, dtype=F64, seed=0, **kwargs):
     return MIXERS[name](D, T, **kwargs).to(dtype)
 
 
+def token_ids(x, c=4):
+    """Fixed token ids (B, T) for the mixers that take them, from c ids so that they repeat."""
+    return torch.randint(0, c, x.shape[:2], generator=torch.Generator().manual_seed(0))
+
+
+def mix(mixer, x):
+    """mixer(x), with token_ids(x) for a mixer that takes token ids."""
+    return mixer(x, tokens=token_ids(x)) if mixer.takes_tokens else mixer(x)
+
+
 def run_steps(mixer, x, **per_token):
     """Run `step` over a whole sequence; returns (outputs (B, T, D), states after each t).
 
-    per_token: extra (B, T) inputs handed to step one position at a time (token ids)."""
+    per_token: extra (B, T) inputs handed to step one position at a time (token ids);
+    token_ids(x) by default for a mixer that takes token ids."""
+    if mixer.takes_tokens and not per_token:
+        per_token = {"token": token_ids(x)}
     state, ys, states = None, [], []
     for t in range(x.shape[1]):
         y, state = mixer.step(x[:, t], state, **{k: v[:, t] for k, v in per_token.items()})
@@ -369,6 +382,9 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("mamba", dict(chunk_size=8)),           # T=24 = 3 chunks, no padding: the views path
     ("selective_attention", dict(selection="random")),
     ("selective_attention", dict(form="official", inference="threshold")),
+    ("selective_attention", dict(selection="programmatic")),
+    ("input_dependent_conv", dict(filters="autocorrelation")),
+    ("input_dependent_conv", dict(filters="autocorrelation", num_lags=1)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -383,7 +399,7 @@ def test_mixer_is_causal(name, kw):
     for t in (0, 7, 23):
         x2 = x.clone()
         x2[:, t] += torch.randn(2, 16, dtype=F64)
-        y, y2 = m(x), m(x2)
+        y, y2 = mix(m, x), mix(m, x2)
         assert torch.allclose(y[:, :t], y2[:, :t], atol=1e-12, rtol=0)
         if t < 23:  # (the random selective-attention control may drop the last row)
             assert not torch.allclose(y[:, t:], y2[:, t:]), "the change must be seen"
@@ -396,7 +412,7 @@ def test_mixer_step_equals_forward(name, kw, dtype, tol):
     x = torch.randn(3, 24, 16, dtype=dtype)
     with torch.no_grad():
         ys, _ = run_steps(m, x)
-        y = m(x)
+        y = mix(m, x)
     assert y.dtype == ys.dtype == dtype
     assert torch.allclose(ys, y, atol=tol, rtol=tol), (ys - y).abs().max()
 
@@ -421,7 +437,7 @@ def test_mixer_fast_equals_reference(name, kw, monkeypatch):
     fast, ref = make_mixer(name, impl="fast", **kw), make_mixer(name, impl="reference", **kw)
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 24, 16, dtype=F64, requires_grad=True)
-    yf, yr = fast(x), ref(x)
+    yf, yr = mix(fast, x), mix(ref, x)
     assert torch.allclose(yf, yr, atol=1e-10, rtol=1e-10)
     gy = torch.randn_like(yf)
     gf = torch.autograd.grad(yf, [x, *fast.parameters()], gy)
@@ -445,7 +461,7 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
 def test_gradients_reach_every_parameter(name, kw):
     m = make_mixer(name, dtype=torch.float32, **kw)
-    m(torch.randn(2, 24, 16)).square().sum().backward()
+    mix(m, torch.randn(2, 24, 16)).square().sum().backward()
     for pname, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
@@ -966,6 +982,8 @@ def test_h3_state_does_not_grow():
     ("mamba", dict(d_state=0), "d_state=0"),
     ("selective_attention", dict(selection="oracle"), "selection='oracle'"),
     ("selective_attention", dict(inference="sample"), "inference='sample'"),
+    ("input_dependent_conv", dict(filters="learned"), "filters='learned'"),
+    ("input_dependent_conv", dict(num_lags=0), "num_lags=0"),
 ])
 def test_bad_arguments_name_the_argument(name, kwargs, match):
     with pytest.raises(ValueError, match=rf"{match}"):
@@ -1267,6 +1285,61 @@ def test_programmatic_mixer_zeroes_unselected_rows_and_steps_with_tokens():
     assert mixers.state_numel(states[9]) == m.state_size(10) == 2 * 10 * 16 + 10
     with pytest.raises(ValueError, match="tokens=None"):
         m(x)
+
+
+def test_chosen_lags_are_a_loop_over_the_prefix():
+    """S_i as plain loops on random token rows: the distances at which u_i occurred before
+    (programmatic), and the t lags of largest prefix autocorrelation, ties to the smaller
+    lag (autocorrelation), which at the last position are theory.top_lags of the row."""
+    B, T, t = 3, 20, 4
+    tokens = torch.randint(0, 3, (B, T), generator=torch.Generator().manual_seed(1))
+    got_p = mixers.chosen_lags(tokens, "programmatic", t)
+    got_a = mixers.chosen_lags(tokens, "autocorrelation", t)
+    for b in range(B):
+        u = tokens[b].tolist()
+        for i in range(T):
+            hits = {s for s in range(1, i + 1) if u[i] == u[i - s]}
+            r = {s: sum(u[j] == u[j - s] for j in range(s, i + 1)) for s in range(1, i + 1)}
+            top = set(sorted(r, key=lambda s: (-r[s], s))[:t])
+            assert set(got_p[b, i].nonzero().flatten().tolist()) == hits
+            assert set(got_a[b, i].nonzero().flatten().tolist()) == top
+        assert sorted(got_a[b, -1].nonzero().flatten().tolist()) == th.top_lags(
+            tokens[b:b + 1], 3, t)[0]
+
+
+def _one_hot_input_dependent_conv(c, filters, num_lags):
+    """Thm 4.5's weights in the trainable layer: q = k = √c·u, v = u, W_o = I on one-hot u."""
+    m = make_mixer("input_dependent_conv", D=c, T=64, filters=filters, num_lags=num_lags)
+    with torch.no_grad():
+        eye = torch.eye(c, dtype=F64)
+        m.qkv.weight.copy_(torch.cat([c ** 0.25 * eye, c ** 0.25 * eye, eye]))
+        m.out_proj.weight.copy_(eye)
+        m.qkv.bias.zero_(), m.out_proj.bias.zero_()
+    return m
+
+
+def test_input_dependent_conv_with_thm_4_5_weights_answers_mqar():
+    """With the construction's weights, programmatic filters answer every MQAR query with no
+    training (the query's only earlier copy is its key); so do all N-1 autocorrelation lags.
+    Two lags miss distances on a filler-0 sequence (the H.8 erratum), and accuracy drops."""
+    c, N = 80, 64
+    x, y = mqar.multiquery_ar(16, c, N, 4, seed=0)
+    u = torch.nn.functional.one_hot(x, c).to(F64)
+    acc = {}
+    for filters, t in [("programmatic", 1), ("autocorrelation", N - 1), ("autocorrelation", 2)]:
+        with torch.no_grad():
+            out = _one_hot_input_dependent_conv(c, filters, t)(u, tokens=x)
+        acc[filters, t] = th.mqar_accuracy(out.argmax(-1), y)
+    assert acc["programmatic", 1] == acc["autocorrelation", N - 1] == 1.0
+    assert acc["autocorrelation", 2] < 0.9, acc
+
+
+def test_input_dependent_conv_needs_token_ids():
+    m = make_mixer("input_dependent_conv")
+    with pytest.raises(ValueError, match="tokens=None"):
+        m(torch.randn(2, 24, 16, dtype=F64))
+    with pytest.raises(ValueError, match="token=None"):
+        m.step(torch.randn(2, 16, dtype=F64))
 
 
 def test_learned_aux_loss_is_the_formula():
@@ -2218,6 +2291,19 @@ def test_readme_python_snippets_run():
     assert blocks, "the README has a python quick start"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
+    """Figure 2's lower rows in miniature (Thm 4.5 against Thm 4.4): at d = 32 < N = 64, a
+    short BaseConv then input_dependent_conv passes 0.99 within 400 steps of 64; the same
+    stack with BaseConv's fixed long filter stays near its 1/D plateau on that budget."""
+    acc = {}
+    for second in ("input_dependent_conv", "base_conv"):
+        c = small_config(mixer=f"base_conv:kernel_size=3,{second}", seq_len=64, num_kv_pairs=4,
+                         vocab_size=512, num_train=64 * 400, num_test=500, batch_size=64,
+                         max_steps=400, eval_every=50, out_dir=str(tmp_path))
+        acc[second] = train.train(c)["test_acc"]
+    assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
 
 
 def test_readme_main_command_solves_mqar(tmp_path):
