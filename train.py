@@ -697,6 +697,12 @@ BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Fig
 # experiments", says why
 CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_000],
                 max_steps=[8000], eval_every=[500], num_valid=[1000])
+# Figure 2's lower rows: BaseConv with input-dependent filters (Thm 4.5), after a short
+# BaseConv as the upper rows' stack has one; mixers.InputDependentConv says what is ours
+INPUT_DEPENDENT_MODELS = {
+    "programmatic filters": "base_conv:kernel_size=3,input_dependent_conv",
+    "autocorrelation filters":
+        "base_conv:kernel_size=3,input_dependent_conv:filters=autocorrelation:num_lags=8"}
 WINDOW_MODELS = {"attention": "attention", "sliding window 8": "sliding_window:window=9",
                  "sliding window 32": "sliding_window:window=33",
                  "blocked 32": "blocked_attention:block_size=32"}
@@ -711,27 +717,32 @@ SWEEPS = {
     "main": {"cpu": dict(models={"attention": "attention",
                                  "base_conv": BASE_CONV}, max_steps=[1000])},
     "fig2": {
-        "paper": dict(models=FIG2_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
+        "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, preset=["figure2"],
+                      lr=PAPER_LRS, seed=[0, 1, 2],
                       nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
                       num_valid=[3000]),
         # Claim 1 in three parts: BaseConv rises with d at N = 32 (d >= N), every gated
-        # convolution at d = 32 < N = 64, attention at d = 64 for both N
+        # convolution at d = 32 < N = 64, attention at d = 64 for both N; and the lower rows,
+        # input-dependent filters, at d = 32 < N = 64
         "cpu": [dict(models={"attention": "attention"}, nd=[(32, 4)], d_model=[32, 64, 128],
                      **CPU_FIG2),
                 dict(models={"base_conv": BASE_CONV}, nd=[(32, 4)], d_model=[32, 64, 128, 256],
                      **CPU_FIG2),
                 dict(models={"base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena",
                              "rwkv": "rwkv"}, nd=[(64, 4)], d_model=[32], **CPU_FIG2),
-                dict(models={"attention": "attention"}, nd=[(64, 4)], d_model=[64], **CPU_FIG2)],
+                dict(models={"attention": "attention"}, nd=[(64, 4)], d_model=[64], **CPU_FIG2),
+                dict(models=INPUT_DEPENDENT_MODELS, nd=[(64, 4)], d_model=[32], **CPU_FIG2)],
     },
     # appendix F.1: windows 8 and 32 in the official counting (it attends to W + 1 tokens)
     "fig6": {
         "paper": dict(models=WINDOW_MODELS, preset=["figure2"], seq_len=[256], power_a=[0.1],
                       num_kv_pairs=[8, 16, 32, 64], d_model=[64, 128, 256], lr=PAPER_LRS,
                       seed=[0, 1, 2], num_valid=[3000]),
-        "cpu": dict(models=WINDOW_MODELS, seq_len=[128], power_a=[0.1],
-                    num_kv_pairs=[4, 8, 16, 32], d_model=[64], lr=[3e-3], seed=[0, 1, 2],
-                    max_steps=[3000], num_valid=[1000]),
+        # N = 64 and D <= 4: attention itself stays on its 1/D plateau at D = 8 on this
+        # budget (README, "Figure 6 at cpu scale")
+        "cpu": dict(models=WINDOW_MODELS, seq_len=[64], power_a=[0.1], num_kv_pairs=[1, 2, 4],
+                    d_model=[64], vocab_size=[512], lr=[3e-3], seed=[0, 1, 2],
+                    num_train=[512_000], max_steps=[4000], num_valid=[1000]),
     },
     # Section 5: a BaseConv model with one selective-attention layer, against both pure ones
     "hybrids": {
@@ -745,8 +756,9 @@ SWEEPS = {
         "paper": dict(models=F2_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
                       nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
                       num_valid=[3000]),
-        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64, 128], lr=[3e-3],
-                    seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
+        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64], vocab_size=[512],
+                    lr=[3e-3], seed=[0, 1, 2], num_train=[256_000], max_steps=[2000],
+                    num_valid=[1000]),
     },
 }
 
