@@ -5,6 +5,9 @@ Implements, in the order of the paper:
       single-query AR task it replaces, `associative_recall`.
   Appendix G: key-value bigram sequences over a pretrained model's vocabulary, for
       measuring AR perplexity without training, `bigram_recall_sequences`.
+  Section 3.1: real text (a folder of files, by default the Python standard library's
+      source), a word-level tokenizer, and the AR hits that slice a language model's loss,
+      `read_corpus`, `build_vocabulary`, `ar_hits`, `ar_gap_share`.
 
 Glossary (code name -> paper symbol):
   vocab_size   c = |C|     vocabulary; keys come from [1, c/2), values from [c/2, c)
@@ -24,8 +27,13 @@ are handed to torch without a copy.
 per-example implementation of the official algorithm, in one run.
 """
 import argparse
+import re
+import sysconfig
 import time
 import tracemalloc
+import zlib
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -291,6 +299,134 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
     np.put_along_axis(ar_mask, key_pos + 1, seen_before, axis=1)
     filler_mask = inputs == filler_id
     return torch.from_numpy(inputs), torch.from_numpy(ar_mask), torch.from_numpy(filler_mask)
+
+
+# ----------------------------------------------------------------------------------------
+# Section 3.1: real text, its tokens, and the AR hits among them
+#
+# The paper slices a language model's loss on the Pile by token: an "AR hit" completes a
+# bigram that already appeared earlier in the same context, and that bigram is rare in the
+# training data (at most 1,250 occurrences there, at 10B training tokens), so that only
+# recall from the context can predict it; every other token is "other". Here the corpus is
+# any folder of text; the default, the Python standard library's own source, is present
+# wherever Python is. A token is a word (\w+), a newline or one other non-space character;
+# the vocabulary is the most frequent training tokens, the rest map to <unk>.
+
+TOKEN_PATTERN = re.compile(r"\w+|\n|[^\w\s]")
+UNK, EOF = "<unk>", "<eof>"           # ids 0 and 1; <eof> ends every file
+SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+PAPER_THRESHOLD, PAPER_TRAIN_TOKENS = 1250, 10_000_000_000
+
+
+def corpus_files(path=None):
+    """(root, files): the files of a corpus, sorted by path. `path` a file: itself; a folder:
+    every file under it (hidden names skipped). path=None: the standard library's .py files
+    (sysconfig's "stdlib" folder) without its tests and installed packages."""
+    if path is None:
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = [p for p in root.rglob("*.py")
+                 if not SKIPPED_DIRS & set(p.relative_to(root).parts[:-1])]
+    else:
+        root = Path(path)
+        if not root.exists():
+            raise ValueError(f"corpus={str(path)!r} is not allowed: no such file or folder")
+        files = [root] if root.is_file() else [
+            p for p in root.rglob("*") if p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+        root = root.parent if root.is_file() else root
+    if not files:
+        raise ValueError(f"corpus={str(root)!r} is not allowed: it holds no files")
+    return root, sorted(files)
+
+
+def read_corpus(path=None):
+    """[(name, text)] for corpus_files(path), name the path relative to the corpus folder,
+    text read as UTF-8. A file that cannot be read, or a corpus with no text at all, raises
+    a ValueError naming it."""
+    root, files = corpus_files(path)
+    texts = []
+    for file in files:
+        try:
+            texts.append((file.relative_to(root).as_posix(), file.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"corpus file {str(file)!r} cannot be read as UTF-8 text "
+                             f"({type(e).__name__}: {e}); remove it or pass a folder of "
+                             "text files only") from None
+    if not any(text.strip() for _, text in texts):
+        raise ValueError(f"corpus={str(root if path is None else path)!r} is not allowed: "
+                         "its files hold no text")
+    return texts
+
+
+def is_validation_file(name, fraction=0.1):
+    """The deterministic split by file: crc32 of the file's name (its path relative to the
+    corpus) below `fraction` of 2^32 puts it in validation, on every machine."""
+    return zlib.crc32(name.encode()) < fraction * 2 ** 32
+
+
+def build_vocabulary(token_lists, size):
+    """The `size` most frequent tokens (ties in sorted order), after <unk> and <eof>."""
+    check_int("size", size, 3, "an integer >= 3 (<unk>, <eof> and a token)")
+    counts = Counter(t for tokens in token_lists for t in tokens)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size - 2]
+    return [UNK, EOF] + ranked
+
+
+def encode(tokens, vocabulary):
+    """Token strings -> ids (int64 numpy array); unknown tokens -> 0 (<unk>)."""
+    index = {t: i for i, t in enumerate(vocabulary)}
+    return np.array([index.get(t, 0) for t in tokens], dtype=np.int64)
+
+
+def bigram_counts(stream, vocab_size):
+    """Counts of the bigrams (a, b) of a token stream, as (sorted ids a·c + b, counts)."""
+    stream = np.asarray(stream, dtype=np.int64)
+    return np.unique(stream[:-1] * vocab_size + stream[1:], return_counts=True)
+
+
+def scaled_threshold(num_train_tokens):
+    """The paper's 1,250 occurrences at 10B training tokens, scaled to this training set
+    (at least 1)."""
+    return max(1, round(PAPER_THRESHOLD * num_train_tokens / PAPER_TRAIN_TOKENS))
+
+
+def ar_hits(contexts, train_bigrams, vocab_size, threshold):
+    """(B, T) bool: token t of a context is an AR hit if the bigram (x[t-1], x[t]) also ends
+    at some earlier position of the same context, and occurs at most `threshold` times in
+    the training bigrams (bigram_counts of the training stream). Position 0 never is."""
+    x = np.asarray(contexts, dtype=np.int64)
+    check_int("threshold", threshold, 0, "an integer >= 0")
+    ids = x[:, :-1] * vocab_size + x[:, 1:]                            # ends at t = 1..T-1
+    order = np.argsort(ids, axis=1, kind="stable")     # equal ids keep their order in time
+    ranked = np.take_along_axis(ids, order, 1)
+    again = np.zeros_like(ids, dtype=bool)
+    again[:, 1:] = ranked[:, 1:] == ranked[:, :-1]          # not the first of its bigram
+    seen = np.zeros_like(again)
+    np.put_along_axis(seen, order, again, axis=1)
+    known, counts = train_bigrams
+    where = np.searchsorted(known, ids).clip(max=max(len(known) - 1, 0))
+    in_train = np.where(known[where] == ids, counts[where], 0) if len(known) else 0 * ids
+    hits = np.zeros(x.shape, dtype=bool)
+    hits[:, 1:] = seen & (in_train <= threshold)
+    return hits
+
+
+def ar_gap_share(nll_reference, nll_model, hits):
+    """Section 3.1's attribution of a perplexity gap to the AR hits:
+    Δlog(ppl_AR)·|T_AR| / (Δlog(ppl)·|T|), Δ = model minus reference (log ppl is the mean
+    NLL, so this is the AR hits' share of the summed NLL difference). nll_*: per-token NLL
+    (natural log) of the same tokens; hits: bool, the same shape."""
+    delta = np.asarray(nll_model, dtype=np.float64) - np.asarray(nll_reference, np.float64)
+    return float(delta[np.asarray(hits)].sum() / delta.sum())
+
+
+def sliced_perplexity(nll, hits):
+    """Perplexity overall, on the AR hits and on the other tokens: exp of the mean NLL of
+    each set (nan for an empty set), and the number of tokens in each."""
+    nll, hits = np.asarray(nll, dtype=np.float64), np.asarray(hits, dtype=bool)
+    ppl = lambda values: float(np.exp(values.mean())) if values.size else float("nan")
+    return dict(ppl=ppl(nll), ppl_ar=ppl(nll[hits]), ppl_other=ppl(nll[~hits]),
+                tokens=int(nll.size), ar_tokens=int(hits.sum()))
 
 
 # ----------------------------------------------------------------------------------------

@@ -315,6 +315,99 @@ def test_bigram_recall_rejects_bad_arguments():
 
 
 # ----------------------------------------------------------------------------------------
+# mqar.py: real text and its AR hits (Section 3.1)
+
+def test_ar_hits_are_a_loop_over_each_context():
+    """A token is an AR hit iff its bigram (x[t-1], x[t]) ends earlier in the same context
+    and occurs at most `threshold` times in the training stream: as plain loops, on random
+    streams from a small vocabulary (many repeats), for thresholds 0 to 3."""
+    rng = np.random.default_rng(0)
+    c = 6
+    train_stream = rng.integers(0, c, 300)
+    contexts = rng.integers(0, c, (5, 40))
+    counts = {}
+    for a, b in zip(train_stream[:-1].tolist(), train_stream[1:].tolist()):
+        counts[a, b] = counts.get((a, b), 0) + 1
+    bigrams = mqar.bigram_counts(train_stream, c)
+    assert dict(zip(bigrams[0].tolist(), bigrams[1].tolist())) == {
+        a * c + b: n for (a, b), n in counts.items()}
+    for threshold in range(4):
+        want = np.zeros(contexts.shape, dtype=bool)
+        for row, x in enumerate(contexts.tolist()):
+            for t in range(1, len(x)):
+                earlier = {(x[j - 1], x[j]) for j in range(1, t)}
+                want[row, t] = ((x[t - 1], x[t]) in earlier
+                                and counts.get((x[t - 1], x[t]), 0) <= threshold)
+        got = mqar.ar_hits(contexts, bigrams, c, threshold)
+        assert np.array_equal(got, want), threshold
+    assert 0 < want.sum() < want.size
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    assert np.array_equal(mqar.ar_hits(contexts, empty, c, 0)[:, 1:],
+                          mqar.ar_hits(contexts, bigrams, c, 10 ** 6)[:, 1:])
+
+
+def test_ar_gap_share_and_sliced_perplexity_are_the_formulas():
+    """Δlog(ppl_AR)·|T_AR| / (Δlog(ppl)·|T|) written with the perplexities themselves, on
+    random per-token losses, and the three perplexities as loops."""
+    rng = np.random.default_rng(1)
+    nll_a, nll_b = rng.exponential(1.0, 200), rng.exponential(1.5, 200)
+    hits = rng.random(200) < 0.2
+    ppl = lambda v: math.exp(sum(v) / len(v))
+    a_ar, b_ar = [v for v, h in zip(nll_a, hits) if h], [v for v, h in zip(nll_b, hits) if h]
+    want = ((math.log(ppl(b_ar)) - math.log(ppl(a_ar))) * hits.sum()
+            / ((math.log(ppl(nll_b)) - math.log(ppl(nll_a))) * 200))
+    assert math.isclose(mqar.ar_gap_share(nll_a, nll_b, hits), want, rel_tol=1e-9)
+    sliced = mqar.sliced_perplexity(nll_b, hits)
+    assert math.isclose(sliced["ppl"], ppl(nll_b), rel_tol=1e-9)
+    assert math.isclose(sliced["ppl_ar"], ppl(b_ar), rel_tol=1e-9)
+    assert math.isclose(sliced["ppl_other"], ppl([v for v, h in zip(nll_b, hits) if not h]),
+                        rel_tol=1e-9)
+    assert (sliced["tokens"], sliced["ar_tokens"]) == (200, hits.sum())
+
+
+def test_default_corpus_is_the_standard_library_without_tests():
+    root, files = mqar.corpus_files()
+    names = [f.relative_to(root).as_posix() for f in files]
+    assert len(files) > 100 and all(n.endswith(".py") for n in names)
+    assert "os.py" in names and not any(
+        set(n.split("/")[:-1]) & {"test", "tests", "site-packages"} for n in names)
+    assert names == sorted(names)
+
+
+def test_corpus_split_vocabulary_and_encoding(tmp_path):
+    (tmp_path / "a.txt").write_text("x = y\nx = z\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("y y z")
+    (tmp_path / ".hidden").write_text("never read")
+    texts = mqar.read_corpus(tmp_path)
+    assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
+    tokens = [mqar.TOKEN_PATTERN.findall(t) for _, t in texts]
+    assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
+    vocab = mqar.build_vocabulary(tokens, 6)          # y: 3; newline, =, x, z: 2 (ties sorted)
+    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x"]
+    assert mqar.encode(["x", "z", "y"], vocab).tolist() == [5, 0, 2]
+    names = [f"file{i}.py" for i in range(2000)]
+    valid = [n for n in names if mqar.is_validation_file(n)]
+    assert valid == [n for n in names if mqar.is_validation_file(n)]        # deterministic
+    assert 150 < len(valid) < 250                                           # about 10%
+    assert mqar.scaled_threshold(10_000_000_000) == 1250
+    assert mqar.scaled_threshold(1000) == 1
+
+
+def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
+    with pytest.raises(ValueError, match="no such file or folder"):
+        mqar.read_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError, match="holds no files"):
+        mqar.read_corpus(tmp_path)
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="hold no text"):
+        mqar.read_corpus(tmp_path)
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(ValueError, match="binary.txt.*cannot be read as UTF-8"):
+        mqar.read_corpus(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------
 # mixers.py: helpers
 
 def make_mixer(name, D=16, T=24, dtype=F64, seed=0, **kwargs):
