@@ -27,6 +27,7 @@ are handed to torch without a copy.
 per-example implementation of the official algorithm, in one run.
 """
 import argparse
+import functools
 import re
 import sysconfig
 import time
@@ -310,7 +311,8 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
 # recall from the context can predict it; every other token is "other". Here the corpus is
 # any folder of text; the default, the Python standard library's own source, is present
 # wherever Python is. A token is a word (\w+), a newline or one other non-space character;
-# the vocabulary is the most frequent training tokens, the rest map to <unk>.
+# the vocabulary holds the characters and the most frequent words of the training files,
+# and a word outside it is spelled in characters.
 
 TOKEN_PATTERN = re.compile(r"\w+|\n|[^\w\s]")
 UNK, EOF = "<unk>", "<eof>"           # ids 0 and 1; <eof> ends every file
@@ -365,17 +367,51 @@ def is_validation_file(name, fraction=0.1):
 
 
 def build_vocabulary(token_lists, size):
-    """The `size` most frequent tokens (ties in sorted order), after <unk> and <eof>."""
+    """<unk>, <eof>, then the training tokens' characters (the most frequent, up to a
+    quarter of `size`), then the most frequent longer tokens up to `size` (ties in sorted
+    order). A token outside it is spelled in characters by `encode`, so a rare identifier
+    repeated in a file still repeats as a sequence of ids (the AR hits of code)."""
     check_int("size", size, 3, "an integer >= 3 (<unk>, <eof> and a token)")
-    counts = Counter(t for tokens in token_lists for t in tokens)
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size - 2]
-    return [UNK, EOF] + ranked
+    counts = Counter(t for tokens in token_lists for t in tokens if t not in (UNK, EOF))
+    chars = Counter()
+    for token, n in counts.items():
+        for ch in token:
+            chars[ch] += n
+    rank = lambda table: sorted(table, key=lambda t: (-table[t], t))
+    vocab = [UNK, EOF] + rank(chars)[:max(1, (size - 2) // 4)]
+    known = set(vocab)
+    return vocab + [t for t in rank(counts) if t not in known][:size - len(vocab)]
 
 
 def encode(tokens, vocabulary):
-    """Token strings -> ids (int64 numpy array); unknown tokens -> 0 (<unk>)."""
+    """Token strings -> ids (int64 numpy array): a token of the vocabulary is its id, any
+    other is spelled as the ids of its characters (0, <unk>, for a character outside it)."""
     index = {t: i for i, t in enumerate(vocabulary)}
-    return np.array([index.get(t, 0) for t in tokens], dtype=np.int64)
+    ids = []
+    for token in tokens:
+        if token in index:
+            ids.append(index[token])
+        else:
+            ids.extend(index.get(ch, 0) for ch in token)
+    return np.array(ids, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=2)
+def corpus_streams(path=None, vocab_size=4096):
+    """(training ids, validation ids, vocabulary) of a corpus: its files split by
+    is_validation_file, tokenized, each ended by <eof> and concatenated in file order; the
+    vocabulary built from the training files alone. Cached: models trained one after
+    another in a process read the corpus once."""
+    split = {False: [], True: []}
+    for name, text in read_corpus(path):
+        split[is_validation_file(name)].append(TOKEN_PATTERN.findall(text) + [EOF])
+    if not split[False] or not split[True]:
+        raise ValueError(f"corpus={str(path)!r} is not allowed: the split by file left no "
+                         f"{'training' if not split[False] else 'validation'} files "
+                         "(is_validation_file puts about 10% of the files in validation)")
+    vocabulary = build_vocabulary(split[False], vocab_size)
+    train, valid = ([t for tokens in split[v] for t in tokens] for v in (False, True))
+    return encode(train, vocabulary), encode(valid, vocabulary), vocabulary
 
 
 def bigram_counts(stream, vocab_size):

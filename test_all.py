@@ -383,9 +383,12 @@ def test_corpus_split_vocabulary_and_encoding(tmp_path):
     assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
     tokens = [mqar.TOKEN_PATTERN.findall(t) for _, t in texts]
     assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
-    vocab = mqar.build_vocabulary(tokens, 6)          # y: 3; newline, =, x, z: 2 (ties sorted)
-    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x"]
-    assert mqar.encode(["x", "z", "y"], vocab).tolist() == [5, 0, 2]
+    tokens[1].append("yz")
+    # characters: y 4, z 3, newline, = and x 2; (7 - 2) // 4 = 1 of them (y); then tokens:
+    # y 3 (in), newline, =, x and z 2 (ties sorted), yz 1 (no room: spelled y z)
+    vocab = mqar.build_vocabulary(tokens, 7)
+    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x", "z"]
+    assert mqar.encode(["x", "yz", "q", "y"], vocab).tolist() == [5, 2, 6, 0, 2]
     names = [f"file{i}.py" for i in range(2000)]
     valid = [n for n in names if mqar.is_validation_file(n)]
     assert valid == [n for n in names if mqar.is_validation_file(n)]        # deterministic
@@ -2397,6 +2400,75 @@ def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
                          max_steps=400, eval_every=50, out_dir=str(tmp_path))
         acc[second] = train.train(c)["test_acc"]
     assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
+
+
+def _tiny_corpus(folder):
+    """30 small files of Python-like text with repeated names: AR hits in every context."""
+    rng = random.Random(0)
+    folder.mkdir(exist_ok=True)
+    for i in range(30):
+        names = [f"name{rng.randrange(500)}" for _ in range(6)]
+        lines = [f"{rng.choice(names)} = {rng.choice(names)}({rng.choice(names)})"
+                 for _ in range(60)]
+        (folder / f"f{i}.py").write_text("\n".join(lines) + "\n")
+    assert any(mqar.is_validation_file(f"f{i}.py") for i in range(30))
+    return folder
+
+
+LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, batch_size=8,
+               num_train=64, num_test=8, max_steps=4, eval_every=2, progress=False)
+
+
+def test_lm_data_are_next_token_contexts_of_the_split(tmp_path):
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
+    (x, y), (xt, yt), (xv, yv) = train.make_data(c)
+    train_ids, valid_ids, vocab = mqar.corpus_streams(str(corpus), 128)
+    assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
+    held = torch.from_numpy(valid_ids[:10 * 33]).reshape(10, 33)
+    assert torch.equal(xt, held[:8, :-1]) and torch.equal(yv, held[8:, 1:])
+    text = "".join(map(str, train_ids.tolist()))
+    assert all("".join(map(str, row)) in text for row in torch.cat([x[:3], y[:3, -1:]], 1).tolist())
+    with pytest.raises(ValueError, match="num_test=100000 with num_valid=0 is not allowed"):
+        train.make_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
+
+
+def test_token_nll_is_the_training_loss_per_token(tmp_path):
+    c = train.make_config(corpus=str(_tiny_corpus(tmp_path)), **LM_TINY)
+    model = train.LanguageModel(c)
+    _, (x, y), _ = train.make_data(c)
+    nll = train.token_nll(model, x, y, batch_size=3)
+    assert nll.shape == (8, 32)
+    assert math.isclose(nll.mean(), train.labelled_loss(model, x, y)[0].item(), rel_tol=1e-5)
+
+
+def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
+    """Every model trains once, writes weights and record, and the table's perplexities are
+    sliced by AR hits; a second run loads the models instead of training them."""
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    overrides = {k: v for k, v in LM_TINY.items() if k != "progress"}
+    summary = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert list(rows) == list(train.LM_MODELS)
+    assert all(r["steps"] == 4 and 0 < r["ar_tokens"] < r["tokens"] == 8 * 32
+               for r in rows.values())
+    assert all(min(r["ppl_ar"], r["ppl_other"]) <= r["ppl"] <= max(r["ppl_ar"], r["ppl_other"])
+               for r in rows.values())
+    assert math.isnan(rows["attention"]["ar_share"]) and not math.isnan(rows["h3"]["ar_share"])
+    assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(train.LM_MODELS)
+    assert (tmp_path / "results" / "lm.png").stat().st_size > 5000
+    monkeypatch.setattr(train, "train", lambda config: pytest.fail("retrained a finished model"))
+    again = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
+    assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in summary["rows"]]
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm", "--mixer=h3"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and "--mixer is not allowed with --task=lm" in out.stderr
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm",
+                          f"--corpus={tmp_path / 'missing'}"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 2 and "missing' is not allowed: no such file or folder" in out.stderr
 
 
 def test_readme_main_command_solves_mqar(tmp_path):

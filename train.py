@@ -47,13 +47,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from mixers import MIXERS, check_choice
-from mqar import IGNORE, multiquery_ar
+from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, corpus_streams, multiquery_ar,
+                  scaled_threshold, sliced_perplexity)
 
 
 # ----------------------------------------------------------------------------------------
@@ -72,6 +74,10 @@ class Config:
     dropout: float = 0.0              # on the embeddings (the official configs: 0.1)
     init: str = "normal"              # "normal" or "gpt2" (the official scheme): see init_weights
     # data (Procedure 1)
+    task: str = "mqar"                # "mqar", or "lm": next-token prediction on real text
+                                      # (Section 3.1; run_lm_experiment)
+    corpus: str = ""                  # task "lm": a file or folder of text; "" is the Python
+                                      # standard library's source (mqar.corpus_streams)
     vocab_size: int = 8192
     seq_len: int = 64
     num_kv_pairs: int = 4
@@ -104,6 +110,7 @@ class Config:
     compile: str = ""                 # a torch.compile backend for the training forward
                                       # ("inductor" on a GPU); "" does not compile
     out_dir: str = "results/runs"
+    save_model: bool = False          # also write the trained weights beside the record (.pt)
     progress: bool = True
     label: str = ""                   # a name for tables and figures (a sweep's model name)
 
@@ -194,6 +201,11 @@ def make_config(preset="cpu", **overrides):
 def parse_overrides(args):
     """`--key=value` strings -> a checked Config (make_config); bad keys and values raise
     ValueError."""
+    return make_config(**parse_arguments(args))
+
+
+def parse_arguments(args):
+    """`--key=value` strings -> {key: value of the Config field's type}."""
     fields = [f.name for f in dataclasses.fields(Config)]
     overrides = {}
     for arg in args:
@@ -203,7 +215,7 @@ def parse_overrides(args):
         key, text = arg[2:].split("=", 1)
         kind = type(getattr(Config(), key)) if key in fields else str
         overrides[key] = _parse_value(key, text, kind)
-    return make_config(**overrides)
+    return overrides
 
 
 def _parse_value(key, text, kind):
@@ -305,7 +317,12 @@ def check_config(config):
     if c.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
-    multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
+    check_choice("task", c.task, TASKS)
+    if c.task == "mqar":
+        multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
+    elif c.vocab_size < 3:
+        raise ValueError(f"vocab_size={c.vocab_size} is not allowed with task='lm': it must "
+                         "be >= 3 (<unk>, <eof> and a token)")
     with torch.random.fork_rng(devices=[]):   # build one of each, so bad options fail here
         for name, kwargs in layers:
             MIXERS[name](c.d_model, c.seq_len, **kwargs)
@@ -500,8 +517,10 @@ def full_logits_loss(model, inputs, labels):
 
 
 @torch.no_grad()
-def evaluate(model, inputs, labels, batch_size=500):
-    """Accuracy over all labelled positions: argmax over the whole vocabulary == label."""
+def evaluate(model, inputs, labels, batch_size=None):
+    """Accuracy over all labelled positions: argmax over the whole vocabulary == label.
+    batch_size: rows per forward, by default 2^14 positions' worth (256 rows at T = 64)."""
+    batch_size = batch_size or max(1, 2 ** 14 // inputs.shape[1])
     model.eval()
     correct = total = 0
     for i in range(0, len(inputs), batch_size):
@@ -576,19 +595,44 @@ def run_name(config):
     c = config
     digest = hashlib.sha1(identity(c).encode()).hexdigest()
     mixer = c.mixer.replace(",", "+").replace(":", "-").replace("=", "")
-    return (f"{mixer}-N{c.seq_len}-D{c.num_kv_pairs}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-"
-            f"{digest[:8]}")
+    task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
+    return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
+
+
+TASKS = ("mqar", "lm")
 
 
 def make_data(config):
-    """Train, test and validation sets from disjoint seeds: 2·seed, 2·seed + 1 and
-    2^32 + seed (apart from every train and test seed below 2^31)."""
+    """Train, test and validation sets as (inputs, labels). MQAR: from disjoint seeds, 2·seed,
+    2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31). "lm":
+    lm_data."""
     c = config
+    if c.task == "lm":
+        return lm_data(c)
     args = dict(vocab_size=c.vocab_size, seq_len=c.seq_len, num_kv_pairs=c.num_kv_pairs,
                 power_a=c.power_a)
     return (multiquery_ar(c.num_train, seed=2 * c.seed, **args),
             multiquery_ar(c.num_test, seed=2 * c.seed + 1, **args),
             multiquery_ar(c.num_valid, seed=2**32 + c.seed, **args))
+
+
+def lm_data(config):
+    """Contexts of seq_len + 1 tokens of the corpus, as (inputs, the next tokens): num_train
+    windows at random offsets of the training files' stream (numpy seed 2·seed), then
+    num_test and num_valid consecutive windows of the validation files' stream."""
+    c = config
+    train_ids, valid_ids, _ = corpus_streams(c.corpus or None, c.vocab_size)
+    T = c.seq_len + 1
+    starts = np.random.default_rng(2 * c.seed).integers(0, len(train_ids) - T + 1, c.num_train)
+    n = len(valid_ids) // T
+    if c.num_test + c.num_valid > n:
+        raise ValueError(f"num_test={c.num_test} with num_valid={c.num_valid} is not allowed: "
+                         f"the validation files of corpus={c.corpus!r} hold {n} contexts of "
+                         f"seq_len + 1 = {T} tokens")
+    held = torch.from_numpy(valid_ids[:n * T].reshape(n, T))
+    pairs = lambda contexts: (contexts[:, :-1], contexts[:, 1:])
+    return (pairs(torch.from_numpy(train_ids[starts[:, None] + np.arange(T)])),
+            pairs(held[:c.num_test]), pairs(held[c.num_test:c.num_test + c.num_valid]))
 
 
 def train(config):
@@ -668,7 +712,12 @@ def train(config):
     }
     if c.num_valid:
         record["valid_acc"] = evaluate(model, x_valid, y_valid)
-    save_record(record, Path(c.out_dir) / f"{run_name(c)}.json")
+    path = Path(c.out_dir) / f"{run_name(c)}.json"
+    if c.save_model:                       # the weights first: a record means they are there
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path.with_suffix(".pt.tmp"))
+        path.with_suffix(".pt.tmp").replace(path.with_suffix(".pt"))
+    save_record(record, path)
     if ended == "interrupted":
         raise KeyboardInterrupt
     return record
@@ -942,8 +991,9 @@ def plot_sweep(name):
                      fontsize=9)
         ax.set_xlabel(SYMBOLS[x_key])
     vocab = sorted({r["config"]["vocab_size"] for r in records})
+    paper = "\n(x: the paper's Figure 2 at c = 8192, read off the plot)" if name == "fig2" else ""
     fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}: mean and 95% interval over "
-                 "seeds\n(x: the paper's Figure 2 at c = 8192, read off the plot)", fontsize=9)
+                 f"seeds{paper}", fontsize=9)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
     axes[0][-1].legend(fontsize=7, loc="lower right")
@@ -967,6 +1017,125 @@ def plot_sweep(name):
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
     return rows, [f"results/{name}.png", f"results/{name}_state.png",
                   f"results/{name}_curves.png"]
+
+
+# ----------------------------------------------------------------------------------------
+# the recall gap on real text (Section 3.1): tiny language models, their loss sliced by AR hits
+
+# Table 1 of the paper (the Pile, 10B tokens): perplexity overall, on AR hits, on the others
+PAPER_TABLE1 = {"attention": (11.01, 2.16, 12.45), "hyena": (11.60, 5.00, 12.28),
+                "rwkv": (11.64, 5.70, 12.29), "h3": (12.06, 6.75, 12.60),
+                "long_conv": (16.98, 25.62, 16.46)}
+LM_MODELS = {"attention": "attention", "base_conv": BASE_CONV, "hyena": "hyena", "h3": "h3",
+             "rwkv": "rwkv"}
+# one recipe for every model: same width and depth, the CPU recipe's optimiser, a budget of
+# minutes per model on two cores (README, "The recall gap on real text")
+LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4, mlp=True,
+                 batch_size=32, lr=3e-3, num_train=64_000, num_test=500, num_valid=0,
+                 max_steps=2000, eval_every=250, eval_probe=0, target_acc=1.0,
+                 save_model=True, out_dir="results/lm")
+
+
+@torch.no_grad()
+def token_nll(model, inputs, labels, batch_size=None):
+    """Per-token negative log-likelihood (natural log) of `labels`, (B, T) float64 numpy."""
+    batch_size = batch_size or max(1, 2 ** 14 // inputs.shape[1])
+    model.eval()
+    out = []
+    for i in range(0, len(inputs), batch_size):
+        logits = model.logits(model(inputs[i:i + batch_size]))               # (b, T, c)
+        out.append(F.cross_entropy(logits.transpose(1, 2), labels[i:i + batch_size],
+                                   reduction="none").double())
+    model.train()
+    return torch.cat(out).cpu().numpy()
+
+
+def trained_model(config):
+    """The model of `config`, trained (train) unless its record and weights exist and the
+    record says it finished, then loaded: a killed experiment resumes at the model it was
+    training. Returns (model, record)."""
+    path = Path(config.out_dir) / f"{run_name(config)}.json"
+    record = json.loads(path.read_text()) if path.exists() else None
+    if record is None or record["ended"] == "interrupted" or not path.with_suffix(".pt").exists():
+        record = train(config)
+    with torch.random.fork_rng(devices=[]):
+        model = LanguageModel(config)
+    model.load_state_dict(torch.load(path.with_suffix(".pt"), map_location="cpu"))
+    return model, record
+
+
+def run_lm_experiment(overrides=None, threshold=None):
+    """Section 3.1 on a corpus: train LM_MODELS with LM_RECIPE (and `overrides`, Config keys),
+    score every token of the held-out contexts, and slice the perplexity by AR hits
+    (mqar.ar_hits; threshold None: the paper's 1,250 scaled to the training tokens). Writes
+    results/lm.json and results/lm.png; returns the table's rows."""
+    settings = {**LM_RECIPE, **(overrides or {})}
+    # a stack of several mixers (BaseConv's short, then long) repeats over the layers
+    configs = {label: make_config(**{**settings, "label": label, "mixer": ",".join(
+                   itertools.islice(itertools.cycle(mixer.split(",")), settings["n_layers"]))})
+               for label, mixer in LM_MODELS.items()}
+    config = configs["attention"]                      # every model sees the same data
+    _, (x_test, y_test), _ = lm_data(config)
+    rows, nll = [], {}
+    for label, config in tqdm(configs.items(), desc="language models", unit="model"):
+        model, record = trained_model(config)
+        nll[label] = token_nll(model, x_test, y_test)
+        rows.append(dict(label=label, mixer=config.mixer, n_params=record["n_params"],
+                         steps=record["steps"], train_time_s=record["train_time_s"]))
+    train_ids, _, vocabulary = corpus_streams(config.corpus or None, config.vocab_size)
+    threshold = scaled_threshold(len(train_ids)) if threshold is None else threshold
+    contexts = torch.cat([x_test[:, :1], y_test], 1).numpy()                 # (B, T + 1)
+    hits = ar_hits(contexts, bigram_counts(train_ids, len(vocabulary)), len(vocabulary),
+                   threshold)[:, 1:]
+    for row in rows:
+        row.update(sliced_perplexity(nll[row["label"]], hits))
+        row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits)
+                           if row["label"] != "attention" else float("nan"))
+    summary = dict(corpus=config.corpus or "the Python standard library",
+                   train_tokens=len(train_ids), threshold=threshold, rows=rows)
+    Path("results").mkdir(exist_ok=True)
+    Path("results/lm.json").write_text(json.dumps(summary, indent=1))
+    plot_lm(rows, "results/lm.png")
+    return summary
+
+
+def print_lm_table(summary):
+    from rich.console import Console
+    from rich.table import Table
+    s = summary
+    table = Table(title=f"perplexity on held-out {s['corpus']} (AR hits: bigrams seen "
+                        f"before in the context, <= {s['threshold']} times in "
+                        f"{s['train_tokens']:,} training tokens)")
+    for col in ("model", "params", "ppl", "AR ppl", "other ppl", "AR tokens",
+                "gap due to AR", "paper (Table 1)"):
+        table.add_column(col, justify="right")
+    for r in s["rows"]:
+        paper = PAPER_TABLE1.get(r["label"])
+        table.add_row(r["label"], f"{r['n_params']:,}", f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
+                      f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
+                      "" if math.isnan(r["ar_share"]) else f"{100 * r['ar_share']:.0f}%",
+                      " / ".join(f"{v:.2f}" for v in paper) if paper else "")
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
+
+
+def plot_lm(rows, path):
+    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for i, (key, name) in enumerate([("ppl", "all tokens"), ("ppl_ar", "AR hits"),
+                                     ("ppl_other", "other tokens")]):
+        ax.bar([j + 0.27 * (i - 1) for j in range(len(rows))], [r[key] for r in rows],
+               width=0.27, label=name)
+    ax.set_xticks(range(len(rows)), [r["label"] for r in rows])
+    ax.set(ylabel="perplexity (log scale)", yscale="log",
+           title="held-out perplexity, sliced by AR hits (Section 3.1)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 # ----------------------------------------------------------------------------------------
@@ -1086,7 +1255,7 @@ def plot_curves(records, path):
     return path
 
 
-COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot")
+COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot", "--ar_threshold")
 
 
 def main(argv):
@@ -1121,7 +1290,17 @@ def main(argv):
             elif records:
                 print_cells(cells(records))
             return 0
-        config = parse_overrides(rest)
+        overrides = parse_arguments(rest)
+        if overrides.get("task") == "lm":
+            if "mixer" in overrides:
+                raise ValueError("--mixer is not allowed with --task=lm: the experiment "
+                                 f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})")
+            threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
+                         if "--ar_threshold" in flags else None)
+            print_lm_table(run_lm_experiment(overrides, threshold))
+            print("wrote results/lm.json, results/lm.png")
+            return 0
+        config = make_config(**overrides)
     except ValueError as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
