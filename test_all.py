@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mixers
 import mqar
@@ -2469,6 +2470,60 @@ def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
                           f"--corpus={tmp_path / 'missing'}"], capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 2 and "missing' is not allowed: no such file or folder" in out.stderr
+
+
+def test_appendix_g_scores_the_ar_and_filler_tokens():
+    """A logits function that knows every next token scores perplexity 1 on both sets; a
+    uniform one scores the vocabulary size; one that knows only the filler separates them.
+    The AR tokens are P per sequence."""
+    V, N, filler = 50, 64, 7
+    ids = torch.arange(V)
+    oracle = lambda x: 30.0 * F.one_hot(torch.roll(x, -1, 1), V).float()     # reads ahead
+    uniform = lambda x: torch.zeros(*x.shape, V)
+    fill_only = lambda x: 30.0 * F.one_hot(torch.full_like(x, filler), V).float()
+    rows = {name: train.appendix_g(fn, ids, filler, (2, 8), num_samples=6, seq_len=N,
+                                   batch_size=4)
+            for name, fn in [("oracle", oracle), ("uniform", uniform), ("fill", fill_only)]}
+    assert [r["ar_tokens"] for r in rows["oracle"]] == [6 * 2, 6 * 8]
+    assert all(math.isclose(r[k], 1.0, rel_tol=1e-6) for r in rows["oracle"]
+               for k in ("ppl_ar", "ppl_filler"))
+    assert all(math.isclose(r[k], V, rel_tol=1e-6) for r in rows["uniform"]
+               for k in ("ppl_ar", "ppl_filler"))
+    assert all(r["ppl_filler"] < 1.001 and r["ppl_ar"] > 1e6 for r in rows["fill"])
+
+
+@pytest.mark.parametrize("kind", ["llama", "rwkv"])
+def test_appendix_g_runs_on_a_tiny_hugging_face_model_saved_offline(kind, tmp_path):
+    """A randomly initialised LlamaForCausalLM / RwkvForCausalLM built from a config, saved
+    to a folder and loaded back by hf_causal_lm (no hub), through the protocol; its
+    perplexities are near the vocabulary size, as an untrained model's are."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    V = 300
+    if kind == "llama":
+        config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=2, max_position_embeddings=128,
+                                          bos_token_id=1, eos_token_id=2)
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.RwkvConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                         attention_hidden_size=32, intermediate_size=64,
+                                         context_length=128, bos_token_id=0, eos_token_id=0)
+        model = transformers.RwkvForCausalLM(config)
+    model.save_pretrained(tmp_path / kind)
+    logits_fn, ids, filler = train.hf_causal_lm(str(tmp_path / kind))
+    assert filler not in (1, 2) if kind == "llama" else filler == 1
+    assert len(ids) == V - (2 if kind == "llama" else 1)
+    rows = train.appendix_g(logits_fn, ids, filler, (2, 4), num_samples=4, seq_len=64)
+    assert [r["num_pairs"] for r in rows] == [2, 4]
+    assert all(V / 3 < r[k] < 3 * V for r in rows for k in ("ppl_ar", "ppl_filler"))
+
+
+def test_hf_without_transformers_names_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)            # import fails
+    with pytest.raises(ValueError, match=r"transformers.*pip install transformers==5\.24\.0"):
+        train.hf_causal_lm("any/model")
 
 
 def test_readme_main_command_solves_mqar(tmp_path):

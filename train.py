@@ -1,4 +1,4 @@
-"""The Zoology model and a plain training loop for MQAR (Arora et al., 2023).
+"""The Zoology model and a plain training loop for MQAR and real text (Arora et al., 2023).
 
 The model of Figure 2: token embedding tied with the output head, learned position
 embedding (attention only, by default), L blocks around the sequence mixers of mixers.py,
@@ -27,6 +27,12 @@ Usage:
                                       command lines instead (for Slurm, xargs -P, ...)
   python train.py --plot=fig2         the table of its cells, results/fig2.png and
                                       results/fig2_state.png
+  python train.py --task=lm [--corpus=PATH]   Section 3.1 on real text: tiny language
+                                      models, their held-out perplexity sliced by AR hits
+                                      (results/lm.json, results/lm.png); --ar_threshold=N
+  python train.py --hf=NAME_OR_PATH   appendix G on a Hugging Face causal LM (optional
+                                      package transformers): AR and filler perplexity
+                                      against P; --samples=N sequences per P
   python train.py --bench             training-step time vs logits at every position
 
 Every run writes one JSON record (its config, test accuracy, steps, times, device, torch
@@ -53,9 +59,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import MIXERS, check_choice
-from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, corpus_streams, multiquery_ar,
-                  scaled_threshold, sliced_perplexity)
+from mixers import MIXERS, check_choice, check_positive
+from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, bigram_recall_sequences,
+                  corpus_streams, multiquery_ar, scaled_threshold, sliced_perplexity)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1064,11 +1070,15 @@ def trained_model(config):
     return model, record
 
 
-def run_lm_experiment(overrides=None, threshold=None):
+APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4P <= seq_len)
+
+
+def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     """Section 3.1 on a corpus: train LM_MODELS with LM_RECIPE (and `overrides`, Config keys),
     score every token of the held-out contexts, and slice the perplexity by AR hits
-    (mqar.ar_hits; threshold None: the paper's 1,250 scaled to the training tokens). Writes
-    results/lm.json and results/lm.png; returns the table's rows."""
+    (mqar.ar_hits; threshold None: the paper's 1,250 scaled to the training tokens); then run
+    appendix G on them (g_samples sequences per P). Writes results/lm.json, results/lm.png
+    and results/lm_appendix_g.png; returns the summary that lm.json holds."""
     settings = {**LM_RECIPE, **(overrides or {})}
     # a stack of several mixers (BaseConv's short, then long) repeats over the layers
     configs = {label: make_config(**{**settings, "label": label, "mixer": ",".join(
@@ -1076,10 +1086,10 @@ def run_lm_experiment(overrides=None, threshold=None):
                for label, mixer in LM_MODELS.items()}
     config = configs["attention"]                      # every model sees the same data
     _, (x_test, y_test), _ = lm_data(config)
-    rows, nll = [], {}
+    rows, nll, models = [], {}, {}
     for label, config in tqdm(configs.items(), desc="language models", unit="model"):
-        model, record = trained_model(config)
-        nll[label] = token_nll(model, x_test, y_test)
+        models[label], record = trained_model(config)
+        nll[label] = token_nll(models[label], x_test, y_test)
         rows.append(dict(label=label, mixer=config.mixer, n_params=record["n_params"],
                          steps=record["steps"], train_time_s=record["train_time_s"]))
     train_ids, _, vocabulary = corpus_streams(config.corpus or None, config.vocab_size)
@@ -1091,11 +1101,20 @@ def run_lm_experiment(overrides=None, threshold=None):
         row.update(sliced_perplexity(nll[row["label"]], hits))
         row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits)
                            if row["label"] != "attention" else float("nan"))
+    # appendix G on the same models, at their own length: P up to seq_len / 4, the
+    # vocabulary's ids but <unk> and <eof>, its most frequent character as the filler
+    pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= config.seq_len]
+    curves = {label: appendix_g(our_logits_fn(model), torch.arange(3, len(vocabulary)), 2,
+                                pairs, g_samples, config.seq_len, batch_size=50)
+              for label, model in models.items()}
     summary = dict(corpus=config.corpus or "the Python standard library",
-                   train_tokens=len(train_ids), threshold=threshold, rows=rows)
+                   train_tokens=len(train_ids), threshold=threshold, rows=rows,
+                   appendix_g=curves)
     Path("results").mkdir(exist_ok=True)
     Path("results/lm.json").write_text(json.dumps(summary, indent=1))
     plot_lm(rows, "results/lm.png")
+    plot_appendix_g(curves, "results/lm_appendix_g.png",
+                    f"appendix G on the LMs of --task=lm (N = {config.seq_len})")
     return summary
 
 
@@ -1132,6 +1151,82 @@ def plot_lm(rows, path):
     ax.set(ylabel="perplexity (log scale)", yscale="log",
            title="held-out perplexity, sliced by AR hits (Section 3.1)")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------------------
+# appendix G: AR perplexity of a pretrained model on repeated key-value bigrams
+
+APPENDIX_G_PAIRS = (16, 32, 64, 128, 256)        # P, at seq_len 1024 (appendix G)
+TRANSFORMERS = "transformers==5.24.0"             # the optional package, the version tested
+
+
+@torch.no_grad()
+def appendix_g(logits_fn, token_ids, filler_id, num_pairs=APPENDIX_G_PAIRS, num_samples=1000,
+               seq_len=1024, batch_size=8, seed=0):
+    """Appendix G for any causal LM given as logits_fn(ids (B, N)) -> logits (B, N, V): for
+    each P, perplexity on the AR tokens (the value after a key's second occurrence) and on
+    the filler tokens of mqar.bigram_recall_sequences(token_ids, num_samples, P, filler_id,
+    seq_len), token t predicted from the tokens before it. Returns one row per P."""
+    check_positive("batch_size", batch_size)
+    rows = []
+    for P in tqdm(num_pairs, desc="appendix G", unit="P"):
+        inputs, ar_mask, filler_mask = bigram_recall_sequences(token_ids, num_samples, P,
+                                                               filler_id, seq_len, seed)
+        nll = {"ar": [], "filler": []}
+        for i in range(0, num_samples, batch_size):
+            x = inputs[i:i + batch_size]
+            logits = logits_fn(x)[:, :-1].float()                             # predicts 1..N-1
+            loss = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+            nll["ar"].append(loss[ar_mask[i:i + batch_size, 1:]])
+            nll["filler"].append(loss[filler_mask[i:i + batch_size, 1:]])
+        ppl = {k: math.exp(torch.cat(v).double().mean().item()) for k, v in nll.items()}
+        rows.append(dict(num_pairs=P, ppl_ar=ppl["ar"], ppl_filler=ppl["filler"],
+                         ar_tokens=sum(len(v) for v in nll["ar"])))
+    return rows
+
+
+def our_logits_fn(model):
+    """A LanguageModel of this file as appendix_g's logits_fn (in eval mode)."""
+    model.eval()
+    return lambda ids: model.logits(model(ids))
+
+
+def hf_causal_lm(name_or_path):
+    """A Hugging Face causal LM from a local folder or a hub name, as (logits_fn, token ids,
+    filler id): the token ids are the vocabulary minus the special tokens the config names,
+    the filler the smallest of them. Needs the optional package transformers."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise ValueError(f"--hf needs the optional package {TRANSFORMERS.split('=')[0]}: pip "
+                         f"install {TRANSFORMERS} (the version the tests ran with)") from None
+    model = AutoModelForCausalLM.from_pretrained(name_or_path).eval()
+    c = model.config
+    special = {getattr(c, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    special = {i for s in special for i in (s if isinstance(s, list) else [s]) if i is not None}
+    ids = torch.tensor([i for i in range(c.vocab_size) if i not in special])
+    return (lambda x: model(input_ids=x).logits), ids, int(ids[0])
+
+
+def plot_appendix_g(curves, path, title):
+    """AR and filler perplexity against P, one pair of lines per model (appendix G's plot)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for i, (label, rows) in enumerate(curves.items()):
+        P = [r["num_pairs"] for r in rows]
+        ax.plot(P, [r["ppl_ar"] for r in rows], marker="o", color=f"C{i}", label=f"{label}, AR")
+        ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=f"C{i}",
+                label=f"{label}, filler")
+    ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity",
+           title=title)
+    ax.set_xticks(P, [str(p) for p in P])
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -1255,7 +1350,8 @@ def plot_curves(records, path):
     return path
 
 
-COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot", "--ar_threshold")
+COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot", "--ar_threshold",
+            "--hf", "--samples")
 
 
 def main(argv):
@@ -1290,6 +1386,23 @@ def main(argv):
             elif records:
                 print_cells(cells(records))
             return 0
+        samples = _parse_value("samples", flags.get("--samples", "1000"), int)
+        check_positive("samples", samples)
+        if "--hf" in flags:
+            if rest:
+                raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
+                                 "on a pretrained model (--samples=N sets its size)")
+            rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
+            name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
+            Path("results").mkdir(exist_ok=True)
+            Path(f"results/appendix_g-{name}.json").write_text(json.dumps(rows, indent=1))
+            plot_appendix_g({flags["--hf"]: rows}, f"results/appendix_g-{name}.png",
+                            f"appendix G: {flags['--hf']}, N = 1024")
+            for r in rows:
+                print(f"P = {r['num_pairs']:>3}: AR ppl {r['ppl_ar']:.2f}, filler ppl "
+                      f"{r['ppl_filler']:.2f}")
+            print(f"wrote results/appendix_g-{name}.json, results/appendix_g-{name}.png")
+            return 0
         overrides = parse_arguments(rest)
         if overrides.get("task") == "lm":
             if "mixer" in overrides:
@@ -1297,8 +1410,12 @@ def main(argv):
                                  f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})")
             threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
                          if "--ar_threshold" in flags else None)
-            print_lm_table(run_lm_experiment(overrides, threshold))
-            print("wrote results/lm.json, results/lm.png")
+            summary = run_lm_experiment(overrides, threshold, samples)
+            print_lm_table(summary)
+            for label, rows in summary["appendix_g"].items():
+                print(f"appendix G, {label}: AR ppl " + ", ".join(
+                    f"{r['ppl_ar']:.2f} (P={r['num_pairs']})" for r in rows))
+            print("wrote results/lm.json, results/lm.png, results/lm_appendix_g.png")
             return 0
         config = make_config(**overrides)
     except ValueError as e:
