@@ -307,7 +307,8 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
 #
 # The paper slices a language model's loss on the Pile by token: an "AR hit" completes a
 # bigram that already appeared earlier in the same context, and that bigram is rare in the
-# training data (at most 1,250 occurrences there, at 10B training tokens), so that only
+# training data (a threshold of 1,250 occurrences in the paper, whose models saw 10B tokens
+# of the Pile; scaled_threshold scales it to a smaller corpus, our reading), so that mostly
 # recall from the context can predict it; every other token is "other". Here the corpus is
 # any folder of text; the default, the Python standard library's own source, is present
 # wherever Python is. A token is a word (\w+), a newline or one other non-space character;

@@ -1102,9 +1102,9 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
         row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits)
                            if row["label"] != "attention" else float("nan"))
     # appendix G on the same models, at their own length: P up to seq_len / 4, the
-    # vocabulary's ids but <unk> and <eof>, its most frequent character as the filler
+    # vocabulary but <unk> and <eof>, its most frequent character (id 2) as the filler
     pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= config.seq_len]
-    curves = {label: appendix_g(our_logits_fn(model), torch.arange(3, len(vocabulary)), 2,
+    curves = {label: appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
                                 pairs, g_samples, config.seq_len, batch_size=50)
               for label, model in models.items()}
     summary = dict(corpus=config.corpus or "the Python standard library",
