@@ -2458,6 +2458,14 @@ def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
     assert all(min(r["ppl_ar"], r["ppl_other"]) <= r["ppl"] <= max(r["ppl_ar"], r["ppl_other"])
                for r in rows.values())
     assert math.isnan(rows["attention"]["ar_share"]) and not math.isnan(rows["h3"]["ar_share"])
+    # a looser threshold only adds hits; the row at the experiment's threshold is the table's
+    by_t = summary["by_threshold"]
+    assert [t["threshold"] for t in by_t] == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
+    assert all(a["ar_tokens"] <= b["ar_tokens"] for a, b in zip(by_t, by_t[1:]))
+    main = next(t for t in by_t if t["threshold"] == 10 ** 6)
+    assert main["ar_tokens"] == rows["h3"]["ar_tokens"]
+    assert main["ppl_ar"]["h3"] == rows["h3"]["ppl_ar"]
+    assert main["ar_share"]["h3"] == rows["h3"]["ar_share"] and "attention" not in main["ar_share"]
     assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(train.LM_MODELS)
     assert (tmp_path / "results" / "lm.png").stat().st_size > 5000
     monkeypatch.setattr(train, "train", lambda config: pytest.fail("retrained a finished model"))
@@ -2470,6 +2478,24 @@ def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
                           f"--corpus={tmp_path / 'missing'}"], capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 2 and "missing' is not allowed: no such file or folder" in out.stderr
+
+
+def test_gap_share_is_shown_only_where_there_is_a_gap(capsys):
+    """Section 3.1's share needs a model worse than attention; one at or below it has no gap
+    to attribute, and the table says so instead of printing a ratio of two negatives."""
+    assert train.gap_share_text(0.8, 12.0, 11.0) == "80%"
+    assert train.gap_share_text(0.8, 10.0, 11.0) == "no gap"
+    assert train.gap_share_text(float("nan"), 11.0, 11.0) == ""
+    rows = [dict(label="attention", n_params=1, ppl=11.0, ppl_ar=2.0, ppl_other=12.0,
+                 ar_tokens=3, tokens=9, ar_share=float("nan")),
+            dict(label="h3", n_params=1, ppl=12.0, ppl_ar=7.0, ppl_other=12.5, ar_tokens=3,
+                 tokens=9, ar_share=0.5)]
+    train.print_lm_table(dict(corpus="c", threshold=1, train_tokens=100, rows=rows,
+                              by_threshold=[dict(threshold=1, ar_tokens=3,
+                                                 ppl_ar=dict(attention=2.0, h3=7.0),
+                                                 ar_share=dict(h3=0.5))]))
+    out = capsys.readouterr().out
+    assert "50%" in out and "7.0 (50%)" in out and "6.75" in out       # Table 1's H3 AR ppl
 
 
 def test_appendix_g_scores_the_ar_and_filler_tokens():

@@ -776,13 +776,15 @@ SWEEPS = {
                       lr=PAPER_LRS, seed=[0, 1, 2],
                       nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
                       num_valid=[3000]),
-        # Claim 1 in three parts: BaseConv rises with d at N = 32 (d >= N), every gated
-        # convolution at d = 32 < N = 64, attention at d = 64 for both N; and the lower rows,
+        # Claim 1 in three parts: the gated convolutions rise with d at N = 32 (d >= N), every
+        # gated convolution at d = 32 < N = 64, attention at d = 64 for both N; the lower rows,
         # input-dependent filters, at d = 32 < N = 64
         "cpu": [dict(models={"attention": "attention"}, nd=[(32, 4)], d_model=[32, 64, 128],
                      **CPU_FIG2),
                 dict(models={"base_conv": BASE_CONV}, nd=[(32, 4)], d_model=[32, 64, 128, 256],
                      **CPU_FIG2),
+                dict(models={"h3": "h3", "hyena": "hyena", "rwkv": "rwkv"}, nd=[(32, 4)],
+                     d_model=[32, 128], **CPU_FIG2),
                 dict(models={"base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena",
                              "rwkv": "rwkv"}, nd=[(64, 4)], d_model=[32], **CPU_FIG2),
                 dict(models={"attention": "attention"}, nd=[(64, 4)], d_model=[64], **CPU_FIG2),
@@ -992,7 +994,8 @@ def plot_sweep(name):
             ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.4,
                        color=colors[label])
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))    # 4, not 4.0
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
                      fontsize=9)
         ax.set_xlabel(SYMBOLS[x_key])
@@ -1037,8 +1040,8 @@ LM_MODELS = {"attention": "attention", "base_conv": BASE_CONV, "hyena": "hyena",
 # one recipe for every model: same width and depth, the CPU recipe's optimiser, a budget of
 # minutes per model on two cores (README, "The recall gap on real text")
 LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4, mlp=True,
-                 batch_size=32, lr=3e-3, num_train=64_000, num_test=500, num_valid=0,
-                 max_steps=2000, eval_every=250, eval_probe=0, target_acc=1.0,
+                 batch_size=32, lr=3e-3, num_train=25_600, num_test=500, num_valid=0,
+                 max_steps=800, eval_every=200, eval_probe=0, target_acc=1.0,
                  save_model=True, out_dir="results/lm")
 
 
@@ -1095,12 +1098,21 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     train_ids, _, vocabulary = corpus_streams(config.corpus or None, config.vocab_size)
     threshold = scaled_threshold(len(train_ids)) if threshold is None else threshold
     contexts = torch.cat([x_test[:, :1], y_test], 1).numpy()                 # (B, T + 1)
-    hits = ar_hits(contexts, bigram_counts(train_ids, len(vocabulary)), len(vocabulary),
-                   threshold)[:, 1:]
+    bigrams = bigram_counts(train_ids, len(vocabulary))
+    hits = ar_hits(contexts, bigrams, len(vocabulary), threshold)[:, 1:]
     for row in rows:
         row.update(sliced_perplexity(nll[row["label"]], hits))
         row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits)
                            if row["label"] != "attention" else float("nan"))
+    # how the AR slice depends on the frequency cut: the threshold above, looser ones, and
+    # none at all (every bigram seen before in the context; no bigram occurs more often)
+    by_threshold = []
+    for t in sorted({threshold, 10, 100, len(train_ids)}):
+        h = ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:]
+        by_threshold.append(dict(threshold=t, ar_tokens=int(h.sum()), ppl_ar={
+            label: sliced_perplexity(v, h)["ppl_ar"] for label, v in nll.items()}, ar_share={
+            label: ar_gap_share(nll["attention"], v, h) for label, v in nll.items()
+            if label != "attention"}))
     # appendix G on the same models, at their own length: P up to seq_len / 4, the
     # vocabulary but <unk> and <eof>, its most frequent character (id 2) as the filler
     pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= config.seq_len]
@@ -1109,7 +1121,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
               for label, model in models.items()}
     summary = dict(corpus=config.corpus or "the Python standard library",
                    train_tokens=len(train_ids), threshold=threshold, rows=rows,
-                   appendix_g=curves)
+                   by_threshold=by_threshold, appendix_g=curves)
     Path("results").mkdir(exist_ok=True)
     Path("results/lm.json").write_text(json.dumps(summary, indent=1))
     plot_lm(rows, "results/lm.png")
@@ -1118,10 +1130,19 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     return summary
 
 
+def gap_share_text(share, ppl, ppl_attention):
+    """The AR share of a model's perplexity gap to attention, or why there is none: a model
+    at or below attention's perplexity has no gap to attribute (Section 3.1)."""
+    if math.isnan(share):
+        return ""
+    return f"{100 * share:.0f}%" if ppl > ppl_attention else "no gap"
+
+
 def print_lm_table(summary):
     from rich.console import Console
     from rich.table import Table
     s = summary
+    reference = next(r["ppl"] for r in s["rows"] if r["label"] == "attention")
     table = Table(title=f"perplexity on held-out {s['corpus']} (AR hits: bigrams seen "
                         f"before in the context, <= {s['threshold']} times in "
                         f"{s['train_tokens']:,} training tokens)")
@@ -1132,9 +1153,21 @@ def print_lm_table(summary):
         paper = PAPER_TABLE1.get(r["label"])
         table.add_row(r["label"], f"{r['n_params']:,}", f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
                       f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
-                      "" if math.isnan(r["ar_share"]) else f"{100 * r['ar_share']:.0f}%",
+                      gap_share_text(r["ar_share"], r["ppl"], reference),
                       " / ".join(f"{v:.2f}" for v in paper) if paper else "")
-    Console(width=None if sys.stdout.isatty() else 140).print(table)
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    console.print(table)
+    table = Table(title="AR ppl (gap due to AR) by the training-count threshold of an AR hit")
+    for col in ("threshold", "AR tokens", *(r["label"] for r in s["rows"])):
+        table.add_column(col, justify="right")
+    for t in s["by_threshold"]:
+        entries = []
+        for r in s["rows"]:
+            share = t["ar_share"].get(r["label"], float("nan"))
+            text = gap_share_text(share, r["ppl"], reference)
+            entries.append(f"{t['ppl_ar'][r['label']]:.1f}" + (f" ({text})" if text else ""))
+        table.add_row(f"{t['threshold']:,}", str(t["ar_tokens"]), *entries)
+    console.print(table)
 
 
 def plot_lm(rows, path):
@@ -1226,6 +1259,7 @@ def plot_appendix_g(curves, path, title):
     ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity",
            title=title)
     ax.set_xticks(P, [str(p) for p in P])
+    ax.set_xticks([], minor=True)                      # no 3 x 10^0 between the P ticks
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
