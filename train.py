@@ -1368,16 +1368,22 @@ def plot_curves(records, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in records:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colors, shapes = {}, {}         # one colour per model, one line style and marker per (N, d)
+    for r in sorted(records, key=lambda r: (r["config"]["label"] or r["config"]["mixer"],
+                                            r["config"]["seq_len"], r["config"]["d_model"])):
         c, h = r["config"], r["history"]
+        label = c["label"] or c["mixer"]
+        color = colors.setdefault(label, f"C{len(colors) % 10}")
+        i = shapes.setdefault(label, {}).setdefault((c["seq_len"], c["d_model"]),
+                                                    len(shapes[label]))
         ax.plot([e["step"] * c["batch_size"] for e in h],
-                [e.get("test_acc", e.get("probe_acc")) for e in h],
-                marker="o", ms=3, label="{} N={} d={}".format(c["label"] or c["mixer"],
-                                                              c["seq_len"], c["d_model"]))
+                [e.get("test_acc", e.get("probe_acc")) for e in h], color=color,
+                ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
+                label=f"{label} N={c['seq_len']} d={c['d_model']}")
     ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
            title=f"MQAR, D = {c['num_kv_pairs']}, c = {c['vocab_size']}")
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
