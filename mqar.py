@@ -452,9 +452,11 @@ def ar_gap_share(nll_reference, nll_model, hits):
     """Section 3.1's attribution of a perplexity gap to the AR hits:
     Δlog(ppl_AR)·|T_AR| / (Δlog(ppl)·|T|), Δ = model minus reference (log ppl is the mean
     NLL, so this is the AR hits' share of the summed NLL difference). nll_*: per-token NLL
-    (natural log) of the same tokens; hits: bool, the same shape."""
+    (natural log) of the same tokens; hits: bool, the same shape. nan where the two models'
+    summed NLL is equal: there is no gap to share."""
     delta = np.asarray(nll_model, dtype=np.float64) - np.asarray(nll_reference, np.float64)
-    return float(delta[np.asarray(hits)].sum() / delta.sum())
+    total = delta.sum()
+    return float(delta[np.asarray(hits)].sum() / total) if total != 0 else float("nan")
 
 
 def sliced_perplexity(nll, hits):

@@ -753,7 +753,9 @@ BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Fig
 CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_000],
                 max_steps=[8000], eval_every=[500], num_valid=[1000])
 # Figure 2's lower rows: BaseConv with input-dependent filters (Thm 4.5), after a short
-# BaseConv as the upper rows' stack has one; mixers.InputDependentConv says what is ours
+# BaseConv as the upper rows' stack has one; mixers.InputDependentConv says what is ours.
+# The short BaseConv is the paper's form at both scales, also under --preset=figure2: the
+# official code has no input-dependent layer, so there is no official stack to follow.
 INPUT_DEPENDENT_MODELS = {
     "programmatic filters": "base_conv:kernel_size=3,input_dependent_conv",
     "autocorrelation filters":
@@ -1123,11 +1125,22 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
                    train_tokens=len(train_ids), threshold=threshold, rows=rows,
                    by_threshold=by_threshold, appendix_g=curves)
     Path("results").mkdir(exist_ok=True)
-    Path("results/lm.json").write_text(json.dumps(summary, indent=1))
+    Path("results/lm.json").write_text(strict_json(summary))
     plot_lm(rows, "results/lm.png")
     plot_appendix_g(curves, "results/lm_appendix_g.png",
                     f"appendix G on the LMs of --task=lm (N = {config.seq_len})")
     return summary
+
+
+def strict_json(summary):
+    """`summary` as JSON that any parser reads: nan (an empty slice, no gap share) as null."""
+    def clean(x):
+        if isinstance(x, float) and math.isnan(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        return [clean(v) for v in x] if isinstance(x, (list, tuple)) else x
+    return json.dumps(clean(summary), indent=1, allow_nan=False)
 
 
 def gap_share_text(share, ppl, ppl_attention):
@@ -1369,20 +1382,21 @@ def plot_curves(records, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))
-    colors, shapes = {}, {}         # one colour per model, one line style and marker per (N, d)
+    colors, shapes = {}, {}      # one colour per model, one line style and marker per (N, D, d)
+    shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
     for r in sorted(records, key=lambda r: (r["config"]["label"] or r["config"]["mixer"],
-                                            r["config"]["seq_len"], r["config"]["d_model"])):
+                                            shape(r["config"]))):
         c, h = r["config"], r["history"]
         label = c["label"] or c["mixer"]
         color = colors.setdefault(label, f"C{len(colors) % 10}")
-        i = shapes.setdefault(label, {}).setdefault((c["seq_len"], c["d_model"]),
-                                                    len(shapes[label]))
+        i = shapes.setdefault(label, {}).setdefault(shape(c), len(shapes[label]))
         ax.plot([e["step"] * c["batch_size"] for e in h],
                 [e.get("test_acc", e.get("probe_acc")) for e in h], color=color,
                 ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
-                label=f"{label} N={c['seq_len']} d={c['d_model']}")
+                label="{} N={} D={} d={}".format(label, *shape(c)))
     ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
-           title=f"MQAR, D = {c['num_kv_pairs']}, c = {c['vocab_size']}")
+           title="MQAR, c = " + ", ".join(sorted({str(r["config"]["vocab_size"])
+                                                   for r in records})))
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -1435,7 +1449,7 @@ def main(argv):
             rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
             name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
             Path("results").mkdir(exist_ok=True)
-            Path(f"results/appendix_g-{name}.json").write_text(json.dumps(rows, indent=1))
+            Path(f"results/appendix_g-{name}.json").write_text(strict_json(rows))
             plot_appendix_g({flags["--hf"]: rows}, f"results/appendix_g-{name}.png",
                             f"appendix G: {flags['--hf']}, N = 1024")
             for r in rows:
@@ -1448,8 +1462,15 @@ def main(argv):
             if "mixer" in overrides:
                 raise ValueError("--mixer is not allowed with --task=lm: the experiment "
                                  f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})")
+            for flag in ("--seeds", "--bench"):
+                if flag in flags:
+                    raise ValueError(f"{flag} is not allowed with --task=lm: the experiment "
+                                     "trains one model of each kind with LM_RECIPE")
             threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
                          if "--ar_threshold" in flags else None)
+            if threshold is not None and threshold < 0:
+                raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
+                                 "integer >= 0 (training occurrences of an AR hit's bigram)")
             summary = run_lm_experiment(overrides, threshold, samples)
             print_lm_table(summary)
             for label, rows in summary["appendix_g"].items():
@@ -1457,6 +1478,9 @@ def main(argv):
                     f"{r['ppl_ar']:.2f} (P={r['num_pairs']})" for r in rows))
             print("wrote results/lm.json, results/lm.png, results/lm_appendix_g.png")
             return 0
+        if "--ar_threshold" in flags:
+            raise ValueError("--ar_threshold is not allowed without --task=lm: it sets the "
+                             "AR hits of the language-model experiment")
         config = make_config(**overrides)
     except ValueError as e:
         print(f"train.py: {e}", file=sys.stderr)
