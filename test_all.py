@@ -2494,6 +2494,17 @@ def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "train", lambda config: pytest.fail("retrained a finished model"))
     again = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
     assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in summary["rows"]]
+    # another out_dir: the summary and figures go beside it, results/lm.* stay as they were
+    before = (tmp_path / "results" / "lm.json").read_text()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    train.run_lm_experiment({**overrides, "corpus": str(corpus), "max_steps": 2,
+                             "out_dir": "results/lm_short"}, threshold=10 ** 6, g_samples=4)
+    assert (tmp_path / "results" / "lm.json").read_text() == before
+    short = json.loads((tmp_path / "results" / "lm_short.json").read_text())
+    assert all(r["steps"] == 2 for r in short["rows"])
+    assert all((tmp_path / "results" / f).exists()
+               for f in ("lm_short.png", "lm_short_appendix_g.png"))
     out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm", "--mixer=h3"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2 and "--mixer is not allowed with --task=lm" in out.stderr

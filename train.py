@@ -29,7 +29,8 @@ Usage:
                                       results/fig2_state.png
   python train.py --task=lm [--corpus=PATH]   Section 3.1 on real text: tiny language
                                       models, their held-out perplexity sliced by AR hits
-                                      (results/lm.json, results/lm.png); --ar_threshold=N
+                                      (results/lm.json, results/lm.png); --ar_threshold=N;
+                                      --out_dir=results/NAME writes results/NAME.json ...
   python train.py --hf=NAME_OR_PATH   appendix G on a Hugging Face causal LM (optional
                                       package transformers): AR and filler perplexity
                                       against P; --samples=N sequences per P
@@ -1082,8 +1083,9 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     """Section 3.1 on a corpus: train LM_MODELS with LM_RECIPE (and `overrides`, Config keys),
     score every token of the held-out contexts, and slice the perplexity by AR hits
     (mqar.ar_hits; threshold None: the paper's 1,250 scaled to the training tokens); then run
-    appendix G on them (g_samples sequences per P). Writes results/lm.json, results/lm.png
-    and results/lm_appendix_g.png; returns the summary that lm.json holds."""
+    appendix G on them (g_samples sequences per P). Writes lm_outputs(out_dir), by default
+    results/lm.json, results/lm.png and results/lm_appendix_g.png; returns the summary that
+    the JSON holds."""
     settings = {**LM_RECIPE, **(overrides or {})}
     # a stack of several mixers (BaseConv's short, then long) repeats over the layers
     configs = {label: make_config(**{**settings, "label": label, "mixer": ",".join(
@@ -1124,12 +1126,21 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     summary = dict(corpus=config.corpus or "the Python standard library",
                    train_tokens=len(train_ids), threshold=threshold, rows=rows,
                    by_threshold=by_threshold, appendix_g=curves)
-    Path("results").mkdir(exist_ok=True)
-    Path("results/lm.json").write_text(strict_json(summary))
-    plot_lm(rows, "results/lm.png")
-    plot_appendix_g(curves, "results/lm_appendix_g.png",
+    summary_path, bars_path, curves_path = lm_outputs(config.out_dir)
+    summary_path.write_text(strict_json(summary))
+    plot_lm(rows, bars_path)
+    plot_appendix_g(curves, curves_path,
                     f"appendix G on the LMs of --task=lm (N = {config.seq_len})")
     return summary
+
+
+def lm_outputs(out_dir):
+    """The files an LM experiment with records in `out_dir` writes beside that folder: its
+    summary (JSON), the sliced perplexities and the appendix G curves (PNG)."""
+    folder = Path(out_dir)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return (folder.with_name(folder.name + ".json"), folder.with_name(folder.name + ".png"),
+            folder.with_name(folder.name + "_appendix_g.png"))
 
 
 def strict_json(summary):
@@ -1476,7 +1487,8 @@ def main(argv):
             for label, rows in summary["appendix_g"].items():
                 print(f"appendix G, {label}: AR ppl " + ", ".join(
                     f"{r['ppl_ar']:.2f} (P={r['num_pairs']})" for r in rows))
-            print("wrote results/lm.json, results/lm.png, results/lm_appendix_g.png")
+            out_dir = overrides.get("out_dir", LM_RECIPE["out_dir"])
+            print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
             return 0
         if "--ar_threshold" in flags:
             raise ValueError("--ar_threshold is not allowed without --task=lm: it sets the "
