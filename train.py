@@ -1102,21 +1102,20 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     train_ids, _, vocabulary = corpus_streams(config.corpus or None, config.vocab_size)
     threshold = scaled_threshold(len(train_ids)) if threshold is None else threshold
     contexts = torch.cat([x_test[:, :1], y_test], 1).numpy()                 # (B, T + 1)
+    # the AR hits at the experiment's threshold and, to show how the slice depends on the
+    # frequency cut, at looser ones and at none (no bigram occurs more often than that)
     bigrams = bigram_counts(train_ids, len(vocabulary))
-    hits = ar_hits(contexts, bigrams, len(vocabulary), threshold)[:, 1:]
+    hits = {t: ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:]
+            for t in sorted({threshold, 10, 100, len(train_ids)})}
     for row in rows:
-        row.update(sliced_perplexity(nll[row["label"]], hits))
-        row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits)
+        row.update(sliced_perplexity(nll[row["label"]], hits[threshold]))
+        row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits[threshold])
                            if row["label"] != "attention" else float("nan"))
-    # how the AR slice depends on the frequency cut: the threshold above, looser ones, and
-    # none at all (every bigram seen before in the context; no bigram occurs more often)
-    by_threshold = []
-    for t in sorted({threshold, 10, 100, len(train_ids)}):
-        h = ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:]
-        by_threshold.append(dict(threshold=t, ar_tokens=int(h.sum()), ppl_ar={
-            label: sliced_perplexity(v, h)["ppl_ar"] for label, v in nll.items()}, ar_share={
-            label: ar_gap_share(nll["attention"], v, h) for label, v in nll.items()
-            if label != "attention"}))
+    by_threshold = [dict(threshold=t, ar_tokens=int(h.sum()), ppl_ar={
+                        label: sliced_perplexity(v, h)["ppl_ar"] for label, v in nll.items()},
+                        ar_share={label: ar_gap_share(nll["attention"], v, h)
+                                  for label, v in nll.items() if label != "attention"})
+                    for t, h in hits.items()]
     # appendix G on the same models, at their own length: P up to seq_len / 4, the
     # vocabulary but <unk> and <eof>, its most frequent character (id 2) as the filler
     pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= config.seq_len]
@@ -1127,6 +1126,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
                    train_tokens=len(train_ids), threshold=threshold, rows=rows,
                    by_threshold=by_threshold, appendix_g=curves)
     summary_path, bars_path, curves_path = lm_outputs(config.out_dir)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(strict_json(summary))
     plot_lm(rows, bars_path)
     plot_appendix_g(curves, curves_path,
@@ -1138,7 +1138,6 @@ def lm_outputs(out_dir):
     """The files an LM experiment with records in `out_dir` writes beside that folder: its
     summary (JSON), the sliced perplexities and the appendix G curves (PNG)."""
     folder = Path(out_dir)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     return (folder.with_name(folder.name + ".json"), folder.with_name(folder.name + ".png"),
             folder.with_name(folder.name + "_appendix_g.png"))
 
