@@ -50,6 +50,7 @@ import itertools
 import json
 import math
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,8 +92,9 @@ class Config:
     power_a: float = 0.01
     num_train: int = 100_000
     num_test: int = 3_000
-    num_valid: int = 0                # a validation split (apart from the test set) scored at
-                                      # the end, for choosing a learning rate: see cells
+    num_valid: int = 1000             # the validation split (apart from the test set): every
+                                      # decision reads it, early stopping and the choice of a
+                                      # learning rate (cells); 0: none, so no early stop
     # optimisation: the CPU recipe, chosen by measurement (README, "The main job's recipe")
     batch_size: int = 128
     lr: float = 3e-3
@@ -105,10 +107,10 @@ class Config:
     schedule: str = "cosine"          # "cosine" stepped every step, "cosine_epochs" every epoch
     budget_steps: int = 0             # stop here even mid-schedule (a CPU budget); 0: max_steps
     shuffle: bool = True              # a new order of the training set every epoch
-    eval_every: int = 50              # steps between evaluations on the test set
-    eval_probe: int = 500             # an evaluation first scores this many test examples and
-                                      # the whole test set only if they pass target_acc (0: all)
-    target_acc: float = 0.99          # stop once test accuracy exceeds this
+    eval_every: int = 50              # steps between evaluations: see evaluation
+    eval_probe: int = 500             # an evaluation first scores this many validation examples
+                                      # and the whole split only if they pass target_acc (0: all)
+    target_acc: float = 0.99          # stop once validation accuracy exceeds this
     # bookkeeping
     preset: str = "cpu"               # "cpu" (these defaults) or "figure2": see PRESETS
     seed: int = 0
@@ -153,8 +155,10 @@ def figure2_values(config):
     Recipe: AdamW with PyTorch's default betas and weight decay 0.1 on every parameter, no
     clipping, no warmup, CosineAnnealingLR(T_max=64) stepped after each of 64 epochs of
     100,000 examples in a fixed order (the official DataLoader does not shuffle; its last
-    batch of an epoch is partial), evaluation on 3,000 examples after every epoch, early stop
-    above 0.99. Model: the official block and init (init="gpt2"), embedding dropout 0.1;
+    batch of an epoch is partial), evaluation on 3,000 test examples after every epoch, early
+    stop above 0.99. One deviation: the official trainer stops on the test accuracy; here a
+    validation split of 3,000 more examples decides (evaluation), and the test split is only
+    reported. Model: the official block and init (init="gpt2"), embedding dropout 0.1;
     Mamba runs in the official MambaBlock (RMSNorm pre-norm, no dropout). The sweep's lr is
     one of logspace(-4, -2, 4) (the caller's `lr`), and Figure 2 reports the best of the four.
     """
@@ -163,7 +167,7 @@ def figure2_values(config):
     epoch = math.ceil(100_000 / batch)                       # steps in one epoch
     values = dict(block="identity_mlp", mlp=False, dropout=0.1, init="gpt2",
                   position_embedding="auto", vocab_size=8192, power_a=0.01, num_train=100_000,
-                  num_test=3_000, batch_size=batch, beta2=0.999, weight_decay=0.1,
+                  num_test=3_000, num_valid=3_000, batch_size=batch, beta2=0.999, weight_decay=0.1,
                   decay_all=True, grad_clip=0.0, warmup_steps=0,
                   max_steps=64 * epoch, schedule="cosine_epochs", shuffle=False,
                   eval_every=epoch, eval_probe=0, target_acc=0.99)
@@ -537,17 +541,34 @@ def evaluate(model, inputs, labels, batch_size=None):
     return correct / total
 
 
-def evaluation(model, x_test, y_test, config, final=False):
-    """{"probe_acc": .., "test_acc": ..}: the first eval_probe test examples, then, only if
-    they pass target_acc (or on the final step), the whole test set. The stopping rule reads
-    "test_acc" only, so a run stops on the whole set's accuracy; the probe saves most
-    evaluations their cost (the whole set is 3,000 examples, ~6x a probe of 500)."""
+def evaluation(model, valid, test, config, final=False):
+    """The scores of one evaluation of `model` on the validation and test splits, each an
+    (inputs, labels) pair.
+
+    The validation split decides: its first eval_probe examples are scored ("valid_probe"),
+    and only if they pass target_acc the whole split ("valid_acc"), which the stopping rule
+    reads. The probe saves most evaluations their cost (a whole split of 1,000 examples is
+    2x a probe of 500). The test split is scored alike, its first eval_probe examples
+    ("test_probe") beside a validation probe and the whole split ("test_acc") beside a whole
+    validation score and on the final step, for the record and the curves: no decision reads
+    it. (The official harness stops on the test accuracy; the README says why we do not.)
+    Without a validation split (num_valid = 0) nothing can decide, so a run trains to the end.
+    """
     c, scores = config, {}
-    if 0 < c.eval_probe < len(x_test) and not final:
-        scores["probe_acc"] = evaluate(model, x_test[:c.eval_probe], y_test[:c.eval_probe])
-        if scores["probe_acc"] <= c.target_acc:
-            return scores
-    scores["test_acc"] = evaluate(model, x_test, y_test)
+    probe = lambda split: 0 < c.eval_probe < len(split[0]) and not final
+    whole = True
+    if len(valid[0]):
+        if probe(valid):
+            scores["valid_probe"] = evaluate(model, *(x[:c.eval_probe] for x in valid))
+            whole = scores["valid_probe"] > c.target_acc
+        if whole:
+            scores["valid_acc"] = evaluate(model, *valid)
+    else:
+        whole = not probe(test)
+    if whole or not probe(test):
+        scores["test_acc"] = evaluate(model, *test)
+    else:
+        scores["test_probe"] = evaluate(model, *(x[:c.eval_probe] for x in test))
     return scores
 
 
@@ -590,11 +611,22 @@ def lr_at(step, config):
     return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+# The identity of a run is the settings that differ from the Config defaults, with this
+# schema number. Adding a setting whose default keeps the old behaviour changes no identity;
+# changing what a default means must bump the number, which renames every run.
+# Schema 2: early stopping reads the validation split (num_valid 1000 by default).
+RECORD_SCHEMA = 2
+NOT_IDENTITY = ("out_dir", "progress", "label", "save_model")   # where and how, not what
+
+
 def identity(config):
-    """What makes two runs the same run: every setting but where the record goes, whether a
-    bar is shown and the label."""
-    return json.dumps({k: v for k, v in dataclasses.asdict(config).items()
-                       if k not in ("out_dir", "progress", "label")}, sort_keys=True)
+    """What makes two runs the same run: the schema and every setting that differs from its
+    default, but where the record goes, whether a bar is shown, the label and whether the
+    weights are saved."""
+    default = Config()
+    return json.dumps({"schema": RECORD_SCHEMA, **{
+        k: v for k, v in dataclasses.asdict(config).items()
+        if k not in NOT_IDENTITY and v != getattr(default, k)}}, sort_keys=True)
 
 
 def run_name(config):
@@ -657,15 +689,14 @@ def train(config):
     start = time.perf_counter()
     # every split moves to the device once, so that batches are cut there (on a GPU, no
     # host-to-device copy per step)
-    (x_train, y_train), (x_test, y_test), (x_valid, y_valid) = (
-        (x.to(device), y.to(device)) for x, y in make_data(c))
+    (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in make_data(c))
     with torch.random.fork_rng(devices=[]):        # seed the init without touching the caller's RNG
         torch.manual_seed(c.seed)
         model = LanguageModel(c).to(device)
     optimizer = make_optimizer(model, c)
     forward = torch.compile(model, backend=c.compile) if c.compile else model
     order = torch.Generator().manual_seed(c.seed)  # batch order
-    history, step, acc, ended = [], 0, 0.0, None   # ended: why the run stopped
+    history, step, ended = [], 0, None             # ended: why the run stopped
     stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
     bar = tqdm(total=stop, desc=run_name(c), disable=not c.progress, leave=False)
     train_start = time.perf_counter()
@@ -695,12 +726,13 @@ def train(config):
                 step += 1
                 bar.update(1)
                 if step % c.eval_every == 0 or step == stop:
-                    scores = evaluation(model, x_test, y_test, c, final=step == stop)
+                    scores = evaluation(model, valid, test, c, final=step == stop)
                     history.append({"step": step, "loss": loss.item(), **scores,
                                     "seconds": round(time.perf_counter() - train_start, 2)})
-                    acc = scores.get("test_acc", acc)
-                    bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{min(scores.values()):.3f}")
-                    if scores.get("test_acc", 0.0) > c.target_acc:
+                    shown = scores.get("valid_acc", scores.get("valid_probe"))
+                    bar.set_postfix(loss=f"{loss.item():.3f}",
+                                    valid="-" if shown is None else f"{shown:.3f}")
+                    if scores.get("valid_acc", 0.0) > c.target_acc:        # never test_acc
                         ended = "target_reached"
                         break
                 if step >= stop:
@@ -710,15 +742,21 @@ def train(config):
         ended = "interrupted"
     finally:
         bar.close()
+    train_time = time.perf_counter() - train_start
+    # the final model's scores on the whole splits: those of the last evaluation where it
+    # was the final model and scored them (a run that stopped on the target or at the end)
+    last = history[-1] if history and history[-1]["step"] == step else {}
+    whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
+    final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
     record = {
-        "config": dataclasses.asdict(c), "test_acc": acc, "steps": step, "ended": ended,
-        "train_time_s": round(time.perf_counter() - train_start, 2),
+        "schema": RECORD_SCHEMA, "config": dataclasses.asdict(c), "test_acc": final["test_acc"],
+        "steps": step, "ended": ended, "train_time_s": round(train_time, 2),
         "wall_time_s": round(time.perf_counter() - start, 2), "seed": c.seed,
-        "device": str(device), "torch": torch.__version__,
-        "n_params": sum(p.numel() for p in model.parameters()), "history": history,
+        "n_params": sum(p.numel() for p in model.parameters()), **provenance(device),
+        "history": history,
     }
-    if c.num_valid:
-        record["valid_acc"] = evaluate(model, x_valid, y_valid)
+    if "valid_acc" in final:
+        record["valid_acc"] = final["valid_acc"]
     path = Path(c.out_dir) / f"{run_name(c)}.json"
     if c.save_model:                       # the weights first: a record means they are there
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -728,6 +766,21 @@ def train(config):
     if ended == "interrupted":
         raise KeyboardInterrupt
     return record
+
+
+def provenance(device):
+    """What produced a record: the code's git commit and whether mixers.py, mqar.py or
+    train.py differed from it (None outside a git checkout), torch, device and threads."""
+    here = Path(__file__).resolve().parent
+    git = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True,
+                                       text=True, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--", "mixers.py", "mqar.py", "train.py"))
+    except (OSError, subprocess.CalledProcessError):
+        commit = dirty = None
+    return {"git_commit": commit, "git_dirty": dirty, "torch": torch.__version__,
+            "device": str(device), "threads": torch.get_num_threads()}
 
 
 def save_record(record, path):
@@ -770,10 +823,27 @@ HYBRID_MODELS = {"base_conv": BASE_CONV, "attention": "attention", **{
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",
              "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
+# every mixer at the CPU defaults for 1,000 steps at most; a model is its mixer setting or a
+# dict of the settings it changes
+EVERY_MIXER_MODELS = {
+    "attention": "attention", "sliding window (W = 32)": "sliding_window",
+    "blocked attention (b = 32)": "blocked_attention", "short conv": "short_conv",
+    "long conv": "long_conv", "BaseConv (paper form, long filter)": "base_conv",
+    "BaseConv (paper form, short then long)": BASE_CONV,
+    "BaseConv (official forms, Figure 2's stack)":
+        "base_conv:kernel_size=3:form=official,base_conv:form=official",
+    "Hyena": "hyena", "H3": "h3", "RWKV": "rwkv", "RetNet": "retnet", "Based": "based",
+    "Mamba": "mamba", "selective attention (learned)": "selective_attention",
+    "selective attention with learned positions": dict(mixer="selective_attention",
+                                                       position_embedding="learned"),
+    "the Based stack": "base_conv:kernel_size=3,based",
+    "BaseConv + programmatic selective attention":
+        "base_conv,selective_attention:selection=programmatic"}
 SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models={"attention": "attention",
                                  "base_conv": BASE_CONV}, max_steps=[1000])},
+    "every_mixer": {"cpu": dict(models=EVERY_MIXER_MODELS, max_steps=[1000])},
     "fig2": {
         "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, preset=["figure2"],
                       lr=PAPER_LRS, seed=[0, 1, 2],
@@ -831,9 +901,10 @@ def sweep_runs(name, scale):
     for grid in grids if isinstance(grids, list) else [grids]:       # a list: grids in turn
         grid = dict(grid)
         models, nd = grid.pop("models"), grid.pop("nd", [(None, None)])
-        for label, mixer in models.items():
+        for label, model in models.items():
+            model = model if isinstance(model, dict) else dict(mixer=model)
             for (N, D), *values in itertools.product(nd, *grid.values()):
-                overrides = dict(label=label, mixer=mixer, out_dir=f"results/{name}",
+                overrides = dict(label=label, **model, out_dir=f"results/{name}",
                                  progress=False, **dict(zip(grid, values)))
                 if N is not None:
                     overrides.update(seq_len=N, num_kv_pairs=D)
@@ -872,19 +943,31 @@ def run_sweep(name, scale, dry_run=False, resume=True):
 
 
 def load_records(folder):
-    """Every run record in `folder` (none if it does not exist). A file that is not a record
-    of train.py raises a ValueError naming it."""
-    records = []
+    """Every run record in `folder` (none if it does not exist), one per run. A file that is
+    not a record of train.py, two files of one run, and a record whose config is not the run
+    its file name says (edited by hand, or named by another version of train.py) each raise
+    a ValueError naming the files."""
+    records, paths = {}, {}
     for path in sorted(Path(folder).glob("*.json")):
         try:
             record = json.loads(path.read_text())
-            Config(**record["config"])
+            config = Config(**record["config"])
             float(record["test_acc"]), record["history"], record["ended"]
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a run record of train.py ({type(e).__name__}: "
                              f"{e}); move it out of {folder}") from None
-        records.append(record)
-    return records
+        run = identity(config)
+        if run in paths:
+            raise ValueError(f"{paths[run]} and {path} are records of the same run; keep one "
+                             f"of them in {folder}")
+        paths[run], records[run] = path, record
+    for run, path in paths.items():
+        name = run_name(Config(**records[run]["config"]))
+        if path.name != f"{name}.json":
+            raise ValueError(f"{path} holds the record of the run {name}, not of the run its "
+                             "file name says: a record edited by hand or named by another "
+                             f"version of train.py; move it out of {folder}")
+    return list(records.values())
 
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
@@ -907,16 +990,28 @@ CELL_KEYS = ("mixer", "seq_len", "num_kv_pairs", "d_model")
 
 def cells(records):
     """One row per cell (mixer, N, D, d), with its label: the learning rate with the best
-    mean validation accuracy over its seeds (test accuracy where a run has no validation
-    split), and over that lr's seeds the mean test accuracy and its 95% interval."""
+    mean validation accuracy over its seeds, and over that lr's seeds the mean test accuracy
+    and its 95% interval. A cell's runs at one lr must differ in their seed only (so seeds
+    count runs, never files), and a cell of several lrs needs validation scores to choose."""
     by_cell = {}
     for r in records:
         cell = tuple(r["config"][k] for k in CELL_KEYS)
         by_cell.setdefault(cell, {}).setdefault(r["config"]["lr"], []).append(r)
     rows = []
     for cell, by_lr in sorted(by_cell.items(), key=lambda item: item[0]):
-        def score(lr):
-            return mean_interval([r.get("valid_acc", r["test_acc"]) for r in by_lr[lr]])[0]
+        for lr, runs in by_lr.items():
+            configs = [dataclasses.asdict(Config(**r["config"])) for r in runs]
+            differ = [k for k in configs[0] if k not in (*NOT_IDENTITY, "seed")
+                      and len({json.dumps(c[k]) for c in configs}) > 1]
+            if differ:
+                raise ValueError(f"the runs of cell {dict(zip(CELL_KEYS, cell))} at lr {lr:g} "
+                                 f"differ in {', '.join(differ)}, not only in their seed: "
+                                 "keep one kind of run per folder")
+        if len(by_lr) > 1 and any("valid_acc" not in r for runs in by_lr.values() for r in runs):
+            raise ValueError(f"cell {dict(zip(CELL_KEYS, cell))} has runs at lrs "
+                             f"{', '.join(f'{lr:g}' for lr in by_lr)} and a run without a "
+                             "validation score: the lr is chosen on validation only")
+        score = lambda lr: mean_interval([r.get("valid_acc", math.nan) for r in by_lr[lr]])[0]
         lr = max(by_lr, key=score)
         mean, half = mean_interval([r["test_acc"] for r in by_lr[lr]])
         label = by_lr[lr][0]["config"].get("label") or cell[0]
@@ -1401,7 +1496,7 @@ def plot_curves(records, path):
         color = colors.setdefault(label, f"C{len(colors) % 10}")
         i = shapes.setdefault(label, {}).setdefault(shape(c), len(shapes[label]))
         ax.plot([e["step"] * c["batch_size"] for e in h],
-                [e.get("test_acc", e.get("probe_acc")) for e in h], color=color,
+                [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
                 ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
                 label="{} N={} D={} d={}".format(label, *shape(c)))
     ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
