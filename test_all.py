@@ -1556,7 +1556,8 @@ def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
 
 def small_config(**overrides):
     c = train.Config(seq_len=32, num_kv_pairs=2, vocab_size=256, d_model=32, num_train=512,
-                     num_test=64, batch_size=16, max_steps=12, eval_every=4, progress=False)
+                     num_test=64, num_valid=48, batch_size=16, max_steps=12, eval_every=4,
+                     progress=False)
     for k, v in overrides.items():
         setattr(c, k, v)
     return c
@@ -1692,6 +1693,102 @@ def test_foreign_or_corrupt_files_in_a_results_folder_are_named(tmp_path):
         assert "Traceback" not in out.stderr
 
 
+def test_a_run_is_named_by_the_settings_that_differ_from_their_defaults(monkeypatch):
+    """identity: the schema and the non-default settings, never where the record goes or
+    its label; a setting given at its default is no setting; and a new option whose default
+    keeps the old behaviour renames no run (a Config with one more field, monkeypatched in)."""
+    c = train.Config(mixer="h3", d_model=128, seed=2)
+    assert json.loads(train.identity(c)) == {"schema": train.RECORD_SCHEMA, "mixer": "h3",
+                                             "d_model": 128, "seed": 2}
+    same = dataclasses.replace(c, lr=train.Config.lr, out_dir="elsewhere", label="H3",
+                               progress=False, save_model=True)
+    assert train.run_name(same) == train.run_name(c)
+    assert train.run_name(dataclasses.replace(c, lr=1e-3)) != train.run_name(c)
+    name = train.run_name(c)
+    Newer = dataclasses.make_dataclass("Newer", [("new_option", int, 7)], bases=(train.Config,))
+    monkeypatch.setattr(train, "Config", Newer)
+    assert train.run_name(Newer(mixer="h3", d_model=128, seed=2)) == name
+    assert train.run_name(Newer(mixer="h3", d_model=128, seed=2, new_option=8)) != name
+
+
+def test_a_results_folder_holds_one_record_per_run(tmp_path):
+    """load_records names both files of a run held twice, and the file of a record whose
+    config is not the run its name says (here: its lr edited by hand)."""
+    c = small_config(out_dir=str(tmp_path))
+    record = fake_record(**{k: v for k, v in dataclasses.asdict(c).items()
+                            if k not in ("lr", "seed")}, lr=c.lr, seed=c.seed,
+                         test_acc=0.5, valid_acc=0.5)
+    path = train.record_path(c)
+    train.save_record(record, path)
+    assert len(train.load_records(tmp_path)) == 1
+    (tmp_path / "copy.json").write_text(path.read_text())
+    with pytest.raises(ValueError, match=rf"{re.escape(path.name)} and .*copy\.json are records of the "
+                                         "same run"):
+        train.load_records(tmp_path)
+    (tmp_path / "copy.json").unlink()
+    record["config"]["lr"] = 1e-3
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=rf"{re.escape(path.name)} holds the record of the run "
+                                         r".*lr0\.001.*not of the run its file name says"):
+        train.load_records(tmp_path)
+
+
+def test_cells_count_seeds_by_run_and_choose_the_lr_on_validation_only():
+    """Two runs of one cell and lr that differ in more than their seed are refused, naming
+    the setting; so is a choice between lrs where a run has no validation score."""
+    records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(3e-3, 1, 0.5, 0.5, max_steps=100)]
+    with pytest.raises(ValueError, match="differ in max_steps, not only in their seed"):
+        train.cells(records)
+    records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(1e-3, 0, 0.9, 0.4)]
+    del records[1]["valid_acc"]
+    with pytest.raises(ValueError, match="the lr is chosen on validation only"):
+        train.cells(records)
+
+
+def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, capsys,
+                                                                    monkeypatch):
+    args = ["--seq_len=32", "--num_kv_pairs=2", "--vocab_size=256", "--d_model=32",
+            "--num_train=512", "--num_test=64", "--num_valid=48", "--batch_size=16",
+            "--max_steps=8", "--eval_every=4", "--progress=false", f"--out_dir={tmp_path}"]
+    assert train.main(args) == 0
+    [path] = tmp_path.glob("*.json")
+    before = path.read_text()
+    monkeypatch.setattr(train, "train", lambda config: pytest.fail("trained again"))
+    assert train.main(args) == 0
+    assert f"already run: {path}" in capsys.readouterr().out
+    assert [path] == list(tmp_path.glob("*.json")) and path.read_text() == before
+
+
+REPLAYED_RECORDS = [
+    "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
+    "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",
+    "results/hybrids/base_conv-kernel_size3+selective_attention-selectionrandom-N64-D4-d64-"
+    "lr0.003-s0-0cb78f17.json"]
+
+
+@pytest.mark.parametrize("name", REPLAYED_RECORDS)
+def test_committed_records_are_what_the_code_writes_today(name, tmp_path):
+    """Rerun a committed record's config to its first evaluation (50 steps) and compare the
+    logged training loss, on the record's number of threads: a change to the data, the init
+    or the step since the record was written shows in the fourth decimal or sooner
+    (bit-identical here; 2e-5 allows for another CPU's kernels)."""
+    record = json.loads((REPO / name).read_text())
+    config = train.Config(**record["config"])
+    assert Path(name).name == f"{train.run_name(config)}.json"
+    first = record["history"][0]
+    run = dataclasses.replace(config, budget_steps=first["step"], out_dir=str(tmp_path),
+                              progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(record.get("threads", 1))  # schema 1 ran on one-thread workers
+    try:                                # (RetNet's loss at step 50 moves 0.009 with threads)
+        again = train.train(run)["history"][-1]
+    finally:
+        torch.set_num_threads(threads)
+    assert again["step"] == first["step"] == 50
+    assert math.isclose(again["loss"], first["loss"], rel_tol=0, abs_tol=2e-5), (
+        again["loss"], first["loss"])
+
+
 def fake_record(lr, seed, test_acc, valid_acc, **config):
     c = dataclasses.asdict(train.Config(lr=lr, seed=seed, **config))
     return {"config": c, "test_acc": test_acc, "valid_acc": valid_acc, "seed": seed,
@@ -1700,15 +1797,36 @@ def fake_record(lr, seed, test_acc, valid_acc, **config):
 
 def test_cells_choose_the_lr_on_validation_and_give_a_t_interval():
     """lr 1e-3 has the better test accuracy but the worse validation accuracy: the cell takes
-    lr 3e-3; its mean over 3 seeds with half-width t(0.975, 2) s / √3 = 4.303 s / √3."""
+    lr 3e-3; its mean over 3 seeds with half-width t(0.975, 2) s / √3 = 4.3027 s / √3."""
     records = ([fake_record(1e-3, s, 0.9, 0.5) for s in range(3)]
                + [fake_record(3e-3, s, a, 0.6) for s, a in enumerate((0.4, 0.5, 0.6))]
                + [fake_record(3e-3, 0, 0.2, 0.1, d_model=128)])
     rows = train.cells(records)
     assert [(r["d_model"], r["lr"], r["seeds"]) for r in rows] == [(64, 3e-3, 3), (128, 3e-3, 1)]
     assert math.isclose(rows[0]["test_acc"], 0.5)
-    assert math.isclose(rows[0]["interval"], 4.303 * 0.1 / math.sqrt(3))
+    assert math.isclose(rows[0]["interval"], 4.30265273 * 0.1 / math.sqrt(3), rel_tol=1e-8)
     assert math.isnan(rows[1]["interval"])
+
+
+@pytest.mark.parametrize("dof, quantile", [(1, 12.70620474), (2, 4.30265273), (5, 2.57058184),
+                                           (30, 2.04227246), (120, 1.97993040)])
+def test_t_quantile_is_students(dof, quantile):
+    """The 97.5% quantile of Student's t against published values (to 8 decimals), and its
+    defining property P(|T| < t) = 0.95 by a Monte Carlo check at dof = 5."""
+    assert math.isclose(train.t_quantile(0.975, dof), quantile, rel_tol=1e-8)
+    if dof == 5:
+        torch.manual_seed(0)
+        t = torch.distributions.StudentT(5.0).sample((400_000,))
+        assert abs((t.abs() < quantile).double().mean().item() - 0.95) < 0.002
+
+
+def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
+    """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
+    lines write today: no file under an old name, no run missing, none extra."""
+    for name in ("main", "every_mixer", "fig2", "fig6", "hybrids", "f2"):
+        want = {REPO / train.record_path(train.make_config(**overrides))
+                for _, overrides in train.sweep_runs(name, "cpu")}
+        assert want == set((REPO / "results" / name).glob("*.json")), name
 
 
 def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
@@ -1716,7 +1834,7 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
     base = dict(seq_len=32, num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
     for i, (mixer, d) in enumerate([("attention", 32), ("attention", 64), ("h3", 32)]):
         r = fake_record(3e-3, 0, 0.3 + 0.1 * i, 0.3, mixer=mixer, d_model=d, label=mixer, **base)
-        train.save_record(r, tmp_path / "results" / "fig2" / f"{i}.json")
+        train.save_record(r, train.record_path(train.Config(**r["config"])))
     _, paths = train.plot_sweep("fig2")
     assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True, True]
 
@@ -2077,27 +2195,53 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
 
 
-def test_probe_decides_when_the_whole_test_set_is_scored(tmp_path, monkeypatch):
+def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, monkeypatch):
+    """eval_probe=16: each evaluation scores the first 16 validation and 16 test examples,
+    both whole splits (48 and 64) only where the validation probe passes target_acc, and on
+    the final step; the record's scores are the final evaluation's."""
     sizes = []
     evaluate = train.evaluate
     monkeypatch.setattr(train, "evaluate", lambda m, x, y: sizes.append(len(x)) or
                         evaluate(m, x, y))
     r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
                                  out_dir=str(tmp_path)))
-    assert sizes == [16, 16, 64] and r["ended"] == "max_steps", "whole set at the end only"
-    assert [sorted(h) for h in r["history"]] == [["loss", "probe_acc", "seconds", "step"]] * 2 + [
-        ["loss", "seconds", "step", "test_acc"]]
-    sizes.clear()                                      # a probe that passes: the whole set
+    assert sizes == [16, 16, 16, 16, 48, 64] and r["ended"] == "max_steps", "whole at the end"
+    assert [sorted(h) for h in r["history"]] == [
+        ["loss", "seconds", "step", "test_probe", "valid_probe"]] * 2 + [
+        ["loss", "seconds", "step", "test_acc", "valid_acc"]]
+    assert (r["test_acc"], r["valid_acc"]) == (r["history"][-1]["test_acc"],
+                                               r["history"][-1]["valid_acc"])
+    sizes.clear()                                      # a probe that passes: the whole splits
     monkeypatch.setattr(train, "evaluate", lambda m, x, y: sizes.append(len(x)) or 1.0)
     r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
                                  out_dir=str(tmp_path)))
-    assert r["ended"] == "target_reached" and r["steps"] == 4 and sizes == [16, 64]
+    assert r["ended"] == "target_reached" and r["steps"] == 4 and sizes == [16, 48, 64]
+
+
+def test_early_stopping_reads_the_validation_split_never_the_test_split(tmp_path, monkeypatch):
+    """Every decision reads validation: a run whose validation accuracy stays below the
+    target while its test accuracy passes it does not stop, and the mirror case stops at its
+    first evaluation; a run without a validation split cannot stop early."""
+    c = small_config(eval_probe=0, eval_every=4, max_steps=12, out_dir=str(tmp_path))
+    _, (x_test, _), (x_valid, _) = train.make_data(c)
+    is_test = lambda x: len(x) == len(x_test) and torch.equal(x, x_test)
+    for test_score, valid_score, ended, steps in [(1.0, 0.5, "max_steps", 12),
+                                                  (0.5, 1.0, "target_reached", 4)]:
+        monkeypatch.setattr(train, "evaluate", lambda m, x, y: test_score if is_test(x)
+                            else valid_score)
+        r = train.train(c)
+        assert (r["ended"], r["steps"], r["test_acc"], r["valid_acc"]) == (
+            ended, steps, test_score, valid_score)
+    monkeypatch.setattr(train, "evaluate", lambda m, x, y: 1.0)
+    r = train.train(dataclasses.replace(c, num_valid=0))
+    assert r["ended"] == "max_steps" and "valid_acc" not in r
+    assert all("valid_acc" not in h and h["test_acc"] == 1.0 for h in r["history"])
 
 
 def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
-    """Every evaluated example is a test-set example, or at the end a validation example,
-    and none was trained on (train and test sets of one size, so only their content tells
-    them apart); the validation split is apart from the test set."""
+    """Every evaluated example is a validation or test example, and none was trained on
+    (train and test sets of one size, so only their content tells them apart); the
+    validation split is apart from the test set."""
     trained, scored = [], []
     loss, evaluate = train.labelled_loss, train.evaluate
     monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
@@ -2105,12 +2249,13 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "evaluate", lambda m, x, y: scored.append(x) or evaluate(m, x, y))
     c = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,
                      num_valid=32, out_dir=str(tmp_path))
-    record = train.train(c)                         # a probe at step 2, the whole set at 4
+    record = train.train(c)                         # probes at step 2, the whole splits at 4
     _, (x_test, _), (x_valid, _) = train.make_data(c)
     seen = {tuple(row) for x in trained for row in x.tolist()}
-    assert len(seen) == 64 and [len(x) for x in scored] == [16, 64, 32]
-    assert all(torch.equal(x, x_test[:len(x)]) for x in scored[:2])
-    assert torch.equal(scored[2], x_valid) and 0 <= record["valid_acc"] <= 1
+    assert len(seen) == 64 and [len(x) for x in scored] == [16, 16, 32, 64]
+    assert all(torch.equal(x, want) for x, want in zip(
+        scored, [x_valid[:16], x_test[:16], x_valid, x_test]))
+    assert 0 <= record["valid_acc"] <= 1
     test_rows = {tuple(row) for row in x_test.tolist()}
     assert not any(tuple(row) in seen for x in scored for row in x.tolist())
     assert not any(tuple(row) in test_rows for row in x_valid.tolist())
@@ -2122,7 +2267,7 @@ def test_summary_counts_runs_that_never_passed_as_the_longest():
     runs += [dict(ended="max_steps", steps=3000, train_time_s=99.0,
                   config=dict(target_acc=0.99))] * 2
     line = train.summarize(runs)
-    assert line.startswith("3/5 runs passed test accuracy 0.99")
+    assert line.startswith("3/5 runs passed validation accuracy 0.99")
     assert "steps median 900 (min 600, max > 3000)" in line
     assert "training seconds median 40.5 (min 26.3, max > 99)" in line
     assert "steps median > 3000" in train.summarize(runs[2:])
@@ -2396,6 +2541,21 @@ def test_theory_errors_name_the_argument(match, call):
 def readme_blocks(lang):
     text = (REPO / "README.md").read_text()
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+
+
+README_TABLE = re.compile(r"^<!-- python train\.py --table=(\S+) -->\n((?:\|.*\n?)+)", re.M)
+
+
+def test_readme_results_tables_are_what_the_records_print(monkeypatch):
+    """Every results table of the README follows a line `<!-- python train.py --table=NAME -->`
+    and is, character for character, what that command prints from the committed records: a
+    number changed by hand, or a record that no longer gives it, fails here."""
+    tables = README_TABLE.findall((REPO / "README.md").read_text())
+    names = [name for name, _ in tables]
+    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "lm", "lm_2400"} <= set(names)
+    monkeypatch.chdir(REPO)
+    for name, table in tables:
+        assert table.rstrip("\n") == train.markdown_table(name), f"--table={name}"
 
 
 def test_readme_python_snippets_run():

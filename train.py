@@ -7,8 +7,10 @@ vocabulary-sized logits are computed only there. Two configurations:
 
   the CPU default  (the Config defaults) pre-norm blocks x = x + mixer(LN(x)), each mixer
                    in its paper form, AdamW (0.9, 0.999) with weight decay 0.1 on matrices,
-                   cosine decay to 0, early stop once test accuracy exceeds 0.99; the
-                   recipe was chosen by measurement (README, "The main job's recipe").
+                   cosine decay to 0, early stop once validation accuracy exceeds 0.99
+                   (every decision reads the validation split, never the test split: see
+                   evaluation); the recipe was chosen by measurement (README, "The main
+                   job's recipe").
   --preset=figure2 what the official code ran for Figure 2 (figure2_values): its block,
                    init, mixer forms, dropout, and its recipe exactly (64 epochs of
                    100,000 examples, batch 512 / 256 / 128 by N, AdamW with PyTorch's
@@ -21,12 +23,15 @@ Usage:
   python train.py --seeds=5           seeds seed .. seed+4, then median and range
   python train.py --preset=figure2 --mixer=base_conv --budget_steps=2000
                                       a Figure 2 run, stopped after a CPU budget
-  python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2) at
-                                      scale cpu or paper; records in results/<sweep>/,
+  python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2,
+                                      every_mixer) at scale cpu or paper; records in
+                                      results/<sweep>/,
                                       finished runs skipped; --dry_run prints the runs'
                                       command lines instead (for Slurm, xargs -P, ...)
   python train.py --plot=fig2         the table of its cells, results/fig2.png and
                                       results/fig2_state.png
+  python train.py --table=fig2        the README's Markdown table of results/fig2 (a sweep,
+                                      a folder of runs or an LM experiment: markdown_table)
   python train.py --task=lm [--corpus=PATH]   Section 3.1 on real text: tiny language
                                       models, their held-out perplexity sliced by AR hits
                                       (results/lm.json, results/lm.png); --ar_threshold=N;
@@ -36,8 +41,10 @@ Usage:
                                       against P; --samples=N sequences per P
   python train.py --bench             training-step time vs logits at every position
 
-Every run writes one JSON record (its config, test accuracy, steps, times, device, torch
-version and how it ended) to `out_dir` as soon as it ends, atomically.
+Every run writes one JSON record (its config, history, test and validation accuracy, steps,
+times, how it ended, and what produced it: git commit, torch, device, threads) to `out_dir`
+as soon as it ends, atomically, named by the settings that differ from the defaults
+(identity); run again, a finished run is not retrained (the main job always trains).
 
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
@@ -638,6 +645,11 @@ def run_name(config):
     return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
 
 
+def record_path(config):
+    """Where the record of `config`'s run goes: out_dir/run_name.json."""
+    return Path(config.out_dir) / f"{run_name(config)}.json"
+
+
 TASKS = ("mqar", "lm")
 
 
@@ -757,7 +769,7 @@ def train(config):
     }
     if "valid_acc" in final:
         record["valid_acc"] = final["valid_acc"]
-    path = Path(c.out_dir) / f"{run_name(c)}.json"
+    path = record_path(c)
     if c.save_model:                       # the weights first: a record means they are there
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path.with_suffix(".pt.tmp"))
@@ -970,10 +982,24 @@ def load_records(folder):
     return list(records.values())
 
 
-# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+def t_quantile(p, dof):
+    """The p-quantile (p > 0.5) of Student's t with `dof` degrees of freedom: the t where
+    P(|T| < t) = 2p − 1, by bisection on that probability, the density's integral from 0 to t
+    by Simpson's rule on 2,000 intervals (error far below the 4th decimal)."""
+    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    density = lambda x: math.exp(log_c - (dof + 1) / 2 * math.log1p(x * x / dof))
+    def mass(t, n=2000):                               # P(|T| < t)
+        h = t / n
+        odd = sum(density((2 * i - 1) * h) for i in range(1, n // 2 + 1))
+        even = sum(density(2 * i * h) for i in range(1, n // 2))
+        return 2 * h / 3 * (density(0) + 4 * odd + 2 * even + density(t))
+    low, high = 0.0, 1.0
+    while mass(high) < 2 * p - 1:
+        high *= 2
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if mass(mid) < 2 * p - 1 else (low, mid)
+    return (low + high) / 2
 
 
 def mean_interval(values):
@@ -982,7 +1008,7 @@ def mean_interval(values):
     if n < 2:
         return mean, float("nan")
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, (T95[n - 2] if n <= 31 else 1.96) * sd / math.sqrt(n)
+    return mean, t_quantile(0.975, n - 1) * sd / math.sqrt(n)
 
 
 CELL_KEYS = ("mixer", "seq_len", "num_kv_pairs", "d_model")
@@ -1016,7 +1042,7 @@ def cells(records):
         mean, half = mean_interval([r["test_acc"] for r in by_lr[lr]])
         label = by_lr[lr][0]["config"].get("label") or cell[0]
         rows.append(dict(zip(CELL_KEYS, cell), label=label, lr=lr, seeds=len(by_lr[lr]),
-                         test_acc=mean, interval=half, valid_acc=score(lr)))
+                         test_acc=mean, interval=half, valid_acc=score(lr), runs=by_lr[lr]))
     return rows
 
 
@@ -1135,6 +1161,8 @@ PAPER_TABLE1 = {"attention": (11.01, 2.16, 12.45), "hyena": (11.60, 5.00, 12.28)
                 "long_conv": (16.98, 25.62, 16.46)}
 LM_MODELS = {"attention": "attention", "base_conv": BASE_CONV, "hyena": "hyena", "h3": "h3",
              "rwkv": "rwkv"}
+LM_LABELS = {"attention": "attention", "base_conv": "BaseConv", "hyena": "Hyena", "h3": "H3",
+             "rwkv": "RWKV"}                     # the tables' names for them
 # one recipe for every model: same width and depth, the CPU recipe's optimiser, a budget of
 # minutes per model on two cores (README, "The recall gap on real text")
 LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4, mlp=True,
@@ -1161,7 +1189,7 @@ def trained_model(config):
     """The model of `config`, trained (train) unless its record and weights exist and the
     record says it finished, then loaded: a killed experiment resumes at the model it was
     training. Returns (model, record)."""
-    path = Path(config.out_dir) / f"{run_name(config)}.json"
+    path = record_path(config)
     record = json.loads(path.read_text()) if path.exists() else None
     if record is None or record["ended"] == "interrupted" or not path.with_suffix(".pt").exists():
         record = train(config)
@@ -1251,41 +1279,9 @@ def strict_json(summary):
 def gap_share_text(share, ppl, ppl_attention):
     """The AR share of a model's perplexity gap to attention, or why there is none: a model
     at or below attention's perplexity has no gap to attribute (Section 3.1)."""
-    if math.isnan(share):
+    if share is None or math.isnan(share):             # None: read back from strict JSON
         return ""
     return f"{100 * share:.0f}%" if ppl > ppl_attention else "no gap"
-
-
-def print_lm_table(summary):
-    from rich.console import Console
-    from rich.table import Table
-    s = summary
-    reference = next(r["ppl"] for r in s["rows"] if r["label"] == "attention")
-    table = Table(title=f"perplexity on held-out {s['corpus']} (AR hits: bigrams seen "
-                        f"before in the context, <= {s['threshold']} times in "
-                        f"{s['train_tokens']:,} training tokens)")
-    for col in ("model", "params", "ppl", "AR ppl", "other ppl", "AR tokens",
-                "gap due to AR", "paper (Table 1)"):
-        table.add_column(col, justify="right")
-    for r in s["rows"]:
-        paper = PAPER_TABLE1.get(r["label"])
-        table.add_row(r["label"], f"{r['n_params']:,}", f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
-                      f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
-                      gap_share_text(r["ar_share"], r["ppl"], reference),
-                      " / ".join(f"{v:.2f}" for v in paper) if paper else "")
-    console = Console(width=None if sys.stdout.isatty() else 140)
-    console.print(table)
-    table = Table(title="AR ppl (gap due to AR) by the training-count threshold of an AR hit")
-    for col in ("threshold", "AR tokens", *(r["label"] for r in s["rows"])):
-        table.add_column(col, justify="right")
-    for t in s["by_threshold"]:
-        entries = []
-        for r in s["rows"]:
-            share = t["ar_share"].get(r["label"], float("nan"))
-            text = gap_share_text(share, r["ppl"], reference)
-            entries.append(f"{t['ppl_ar'][r['label']]:.1f}" + (f" ({text})" if text else ""))
-        table.add_row(f"{t['threshold']:,}", str(t["ar_tokens"]), *entries)
-    console.print(table)
 
 
 def plot_lm(rows, path):
@@ -1428,35 +1424,153 @@ def bench(config):
 
 
 # ----------------------------------------------------------------------------------------
-# the main job
+# tables: Markdown from the records, exactly as the README shows them (a test compares)
 
-def print_table(records):
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title="MQAR test accuracy (argmax over the whole vocabulary)")
-    for col in ("mixer", "N", "D", "d", "lr", "seed", "steps", "test acc", "train s", "ended"):
-        table.add_column(col, justify="right")
+ENDED = {"target_reached": "target", "max_steps": "max_steps", "budget_steps": "budget",
+         "diverged": "diverged", "interrupted": "interrupted"}
+
+
+def markdown(header, rows):
+    """A Markdown table: the header, its rule, one line per row."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(map(str, row)) + " |" for row in lines)
+
+
+def acc_text(value):
+    """An accuracy as the tables print it: three decimals, no leading zero (.993, 1.000)."""
+    return f"{value:.3f}".removeprefix("0")
+
+
+def examples_seen(config, steps):
+    """Training examples the first `steps` steps drew (an epoch's last batch may be partial)."""
+    c = config
+    epochs, rest = divmod(steps, steps_per_epoch(c))
+    return epochs * c.num_train + min(rest * c.batch_size, c.num_train)
+
+
+def steps_text(records):
+    """The steps the runs took and why they ended, e.g. "650–800 (target)"."""
+    steps = sorted(r["steps"] for r in records)
+    span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
+    ends = {}
     for r in records:
-        c = r["config"]
-        table.add_row(c["mixer"], str(c["seq_len"]), str(c["num_kv_pairs"]), str(c["d_model"]),
-                      f"{c['lr']:g}", str(c["seed"]), str(r["steps"]), f"{r['test_acc']:.3f}",
-                      f"{r['train_time_s']:.1f}", r["ended"])
-    Console(width=None if sys.stdout.isatty() else 120).print(table)
+        ends[ENDED[r["ended"]]] = ends.get(ENDED[r["ended"]], 0) + 1
+    why = next(iter(ends)) if len(ends) == 1 else ", ".join(f"{n} {e}" for e, n in ends.items())
+    return f"{span} ({why})"
 
 
-def print_cells(rows):
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title="MQAR test accuracy per cell: mean over seeds ± 95% interval, the lr "
-                        "chosen on the validation split")
-    for col in ("label", "N", "D", "d", "lr", "seeds", "test acc", "± 95%"):
-        table.add_column(col, justify="right")
+def model_order(name):
+    """The labels of sweep `name`'s models in the order SWEEPS lists them (tables follow it)."""
+    order = {}
+    for scale in SWEEPS.get(name, {}):
+        for label, _ in sweep_runs(name, scale):
+            order.setdefault(label, len(order))
+    return order
+
+
+def cells_table(name):
+    """The cells of results/<name> (cells): model, N, D, d, mean test accuracy ± 95%, each
+    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64."""
+    rows = cells(load_records(f"results/{name}"))
+    order = model_order(name)
+    rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
+                             r["num_kv_pairs"], r["d_model"]))
+    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
+    if name == "fig2":
+        header.append("the paper (N = 64)")
+    table = []
     for r in rows:
-        table.add_row(r["label"], str(r["seq_len"]), str(r["num_kv_pairs"]),
-                      str(r["d_model"]), f"{r['lr']:g}", str(r["seeds"]), f"{r['test_acc']:.3f}",
-                      f"{r['interval']:.3f}")
-    Console(width=None if sys.stdout.isatty() else 120).print(table)
+        half = "" if math.isnan(r["interval"]) else f" ± {r['interval']:.3f}"
+        runs = sorted(r["runs"], key=lambda run: run["seed"])
+        row = [r["label"], r["seq_len"], r["num_kv_pairs"], r["d_model"],
+               f"{r['test_acc']:.3f}{half}", " ".join(acc_text(x["test_acc"]) for x in runs),
+               steps_text(runs)]
+        if name == "fig2":
+            paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
+            row.append("" if paper is None else f"{paper:.2f}")
+        table.append(row)
+    return markdown(header, table)
 
+
+def runs_table(records, name="", curves=False):
+    """One row per run: model (its label, else its mixer), N, D, d, steps with the examples
+    they drew, how it ended, test and validation accuracy, training seconds; with `curves`
+    the test accuracy at each evaluation (a probe's score starred)."""
+    order = model_order(name)
+    key = lambda r: (order.get(r["config"]["label"], len(order)), r["config"]["label"],
+                     r["config"]["mixer"], r["config"]["seq_len"], r["config"]["d_model"],
+                     r["seed"])
+    header = ["model", "N", "D", "d", "seed", "steps (examples)", "ended", "test acc",
+              "valid acc", "training s"]
+    if curves:
+        header.insert(7, "test accuracy at each evaluation")
+    table = []
+    for r in sorted(records, key=key):
+        c = Config(**r["config"])
+        row = [c.label or c.mixer, c.seq_len, c.num_kv_pairs, c.d_model, c.seed,
+               f"{r['steps']:,} ({examples_seen(c, r['steps']):,})", ENDED[r["ended"]],
+               acc_text(r["test_acc"]), acc_text(r["valid_acc"]) if "valid_acc" in r else "–",
+               f"{r['train_time_s']:.0f}"]
+        if curves:
+            row.insert(7, " ".join(acc_text(e["test_acc"]) if "test_acc" in e
+                                   else acc_text(e["test_probe"]) + "*" for e in r["history"]))
+        table.append(row)
+    return markdown(header, table)
+
+
+def lm_tables(out_dir):
+    """The three tables of an LM experiment (run_lm_experiment), from its summary and
+    records: the sliced perplexities next to the paper's Table 1, the AR perplexity by the
+    threshold of an AR hit, and appendix G's AR perplexity by P."""
+    s = json.loads(lm_outputs(out_dir)[0].read_text())
+    final_loss = {r["config"]["label"]: r["history"][-1]["loss"] for r in load_records(out_dir)}
+    reference = next(r["ppl"] for r in s["rows"] if r["label"] == "attention")
+    names = {label: LM_LABELS.get(label, label) for label in (r["label"] for r in s["rows"])}
+    sliced = markdown(
+        ["model", "params", "steps", "training s", "final training loss", "ppl", "AR ppl",
+         "other ppl", "AR tokens", "gap due to AR", "the paper (Table 1: ppl / AR / other)"],
+        [[names[r["label"]], f"{r['n_params']:,}", f"{r['steps']:,}", f"{r['train_time_s']:.0f}",
+          f"{final_loss[r['label']]:.2f}", f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
+          f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
+          gap_share_text(r["ar_share"], r["ppl"], reference),
+          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))] for r in s["rows"]])
+    thresholds = markdown(
+        ["threshold", "AR tokens", *names.values()],
+        [[f"{t['threshold']:,}", f"{t['ar_tokens']:,}",
+          *(f"{t['ppl_ar'][label]:.1f}" for label in names)] for t in s["by_threshold"]])
+    curves = s["appendix_g"]
+    pairs = [row["num_pairs"] for row in next(iter(curves.values()))]
+    appendix = markdown(["AR perplexity", *(f"P = {p}" for p in pairs)],
+                        [[names[label], *(f"{row['ppl_ar']:,.0f}" for row in rows)]
+                         for label, rows in curves.items()])
+    return {"": sliced, "thresholds": thresholds, "appendix_g": appendix}
+
+
+# the folders whose runs make one table each (not sweeps), and whether it shows the curves
+RUN_TABLES = {"main": False, "every_mixer": False, "seeds": False, "figure2_cpu": True,
+              "fig2_budget": True, "fig6_budget": True}
+
+
+def markdown_table(name):
+    """`--table=NAME`: the README's table of results/NAME. A sweep's cells (fig2, fig6,
+    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:thresholds,
+    lm:appendix_g (and likewise for an LM experiment in another folder, e.g. lm_2400)."""
+    folder, _, part = name.partition(":")
+    if folder in PLOT_AXES:
+        return cells_table(folder)
+    if folder in RUN_TABLES:
+        return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
+    if lm_outputs(f"results/{folder}")[0].exists():
+        tables = lm_tables(f"results/{folder}")
+        check_choice("table part", part, tuple(tables))
+        return tables[part]
+    raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
+                     f"a folder of runs ({', '.join(RUN_TABLES)}) or an LM experiment with "
+                     "its summary in results/ (lm, lm:thresholds, lm:appendix_g)")
+
+
+# ----------------------------------------------------------------------------------------
+# the main job
 
 def summarize(records):
     """One line over runs that differ only in seed: how many passed the target, and the
@@ -1474,7 +1588,7 @@ def summarize(records):
             median = f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}"
         return f"median {median} (min {show(0)}, max {show(n - 1)})"
     finished = [r["ended"] == "target_reached" for r in records]
-    return (f"{sum(finished)}/{len(records)} runs passed test accuracy "
+    return (f"{sum(finished)}/{len(records)} runs passed validation accuracy "
             f"{records[0]['config']['target_acc']}; steps "
             f"{spread([r['steps'] for r in records], finished)}; training seconds "
             f"{spread([r['train_time_s'] for r in records], finished)}")
@@ -1509,13 +1623,14 @@ def plot_curves(records, path):
     return path
 
 
-COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot", "--ar_threshold",
-            "--hf", "--samples")
+COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot", "--table",
+            "--ar_threshold", "--hf", "--samples")
 
 
 def main(argv):
     """The command line: the main job (no arguments), one run (--key=value ...), --seeds=N
-    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --bench."""
+    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --table=NAME, --task=lm,
+    --hf=NAME, --bench."""
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         for f in dataclasses.fields(Config):
@@ -1528,22 +1643,27 @@ def main(argv):
         n_seeds = _parse_value("seeds", flags.get("--seeds", "1"), int)
         if n_seeds < 1:
             raise ValueError(f"--seeds={n_seeds} is not allowed: seeds must be >= 1")
-        if ("--sweep" in flags or "--plot" in flags) and rest:
-            raise ValueError(f"{rest[0]!r} is not allowed with --sweep or --plot: a sweep's "
-                             "settings are its grid (SWEEPS in train.py)")
+        if ("--sweep" in flags or "--plot" in flags or "--table" in flags) and rest:
+            raise ValueError(f"{rest[0]!r} is not allowed with --sweep, --plot or --table: a "
+                             "sweep's settings are its grid (SWEEPS in train.py)")
+        if "--table" in flags:
+            print(markdown_table(flags["--table"]))
+            return 0
         if "--plot" in flags:
-            rows, paths = plot_sweep(flags["--plot"])
-            print_cells(rows)
+            _, paths = plot_sweep(flags["--plot"])
+            print(cells_table(flags["--plot"]))
             print("wrote " + ", ".join(paths))
             return 0
         if "--sweep" in flags or not argv:
             name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
             records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume=bool(argv))
             if name == "main" and records:
-                print_table(records)
+                print(runs_table(records, name))
                 print(f"wrote {plot_curves(records, 'results/main.png')}")
+            elif records and name in PLOT_AXES:
+                print(cells_table(name))
             elif records:
-                print_cells(cells(records))
+                print(runs_table(records, name))
             return 0
         samples = _parse_value("samples", flags.get("--samples", "1000"), int)
         check_positive("samples", samples)
@@ -1577,11 +1697,13 @@ def main(argv):
                 raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
                                  "integer >= 0 (training occurrences of an AR hit's bigram)")
             summary = run_lm_experiment(overrides, threshold, samples)
-            print_lm_table(summary)
-            for label, rows in summary["appendix_g"].items():
-                print(f"appendix G, {label}: AR ppl " + ", ".join(
-                    f"{r['ppl_ar']:.2f} (P={r['num_pairs']})" for r in rows))
             out_dir = overrides.get("out_dir", LM_RECIPE["out_dir"])
+            titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
+                          f"{summary['threshold']:,} ({summary['train_tokens']:,} training "
+                          "tokens)", "thresholds": "AR perplexity by the threshold of an AR hit",
+                      "appendix_g": "appendix G: AR perplexity by the number of pairs P"}
+            for part, table in lm_tables(out_dir).items():
+                print(f"{titles[part]}\n{table}\n")
             print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
             return 0
         if "--ar_threshold" in flags:
@@ -1597,14 +1719,19 @@ def main(argv):
     records = []
     for seed in range(config.seed, config.seed + n_seeds):
         run = dataclasses.replace(config, seed=seed)
+        path = record_path(run)
+        done = json.loads(path.read_text()) if path.exists() else None
+        if done and done["ended"] != "interrupted":      # a run's record is written once
+            print(f"already run: {path} (ended {done['ended']}); delete it to run again")
+            records.append(done)
+            continue
         try:
             records.append(train(run))
         except KeyboardInterrupt:
-            print(f"interrupted; record written to {Path(run.out_dir) / run_name(run)}.json",
-                  file=sys.stderr)
+            print(f"interrupted; record written to {path}", file=sys.stderr)
             return 130
-        print(f"record: {Path(run.out_dir) / run_name(run)}.json")
-    print_table(records)
+        print(f"record: {path}")
+    print(runs_table(records))
     if n_seeds > 1:
         print(summarize(records))
     return 0
