@@ -1518,12 +1518,17 @@ def runs_table(records, name="", curves=False):
     return markdown(header, table)
 
 
-def lm_tables(out_dir):
-    """The three tables of an LM experiment (run_lm_experiment), from its summary and
-    records: the sliced perplexities next to the paper's Table 1, the AR perplexity by the
-    threshold of an AR hit, and appendix G's AR perplexity by P."""
-    s = json.loads(lm_outputs(out_dir)[0].read_text())
-    final_loss = {r["config"]["label"]: r["history"][-1]["loss"] for r in load_records(out_dir)}
+def lm_results(out_dir):
+    """An LM experiment's summary (its JSON) and each model's final training loss (its
+    record), as lm_tables takes them."""
+    summary = json.loads(lm_outputs(out_dir)[0].read_text())
+    return summary, {r["config"]["label"]: r["history"][-1]["loss"] for r in load_records(out_dir)}
+
+
+def lm_tables(s, final_loss):
+    """The three tables of an LM experiment (run_lm_experiment's summary `s` and the models'
+    final training losses): the sliced perplexities next to the paper's Table 1, the AR
+    perplexity by the threshold of an AR hit, and appendix G's AR perplexity by P."""
     reference = next(r["ppl"] for r in s["rows"] if r["label"] == "attention")
     names = {label: LM_LABELS.get(label, label) for label in (r["label"] for r in s["rows"])}
     sliced = markdown(
@@ -1561,7 +1566,7 @@ def markdown_table(name):
     if folder in RUN_TABLES:
         return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
     if lm_outputs(f"results/{folder}")[0].exists():
-        tables = lm_tables(f"results/{folder}")
+        tables = lm_tables(*lm_results(f"results/{folder}"))
         check_choice("table part", part, tuple(tables))
         return tables[part]
     raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
@@ -1702,7 +1707,7 @@ def main(argv):
                           f"{summary['threshold']:,} ({summary['train_tokens']:,} training "
                           "tokens)", "thresholds": "AR perplexity by the threshold of an AR hit",
                       "appendix_g": "appendix G: AR perplexity by the number of pairs P"}
-            for part, table in lm_tables(out_dir).items():
+            for part, table in lm_tables(*lm_results(out_dir)).items():
                 print(f"{titles[part]}\n{table}\n")
             print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
             return 0
