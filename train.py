@@ -959,7 +959,7 @@ def load_records(folder):
     not a record of train.py, two files of one run, and a record whose config is not the run
     its file name says (edited by hand, or named by another version of train.py) each raise
     a ValueError naming the files."""
-    records, paths = {}, {}
+    records, paths, configs = {}, {}, {}
     for path in sorted(Path(folder).glob("*.json")):
         try:
             record = json.loads(path.read_text())
@@ -972,9 +972,9 @@ def load_records(folder):
         if run in paths:
             raise ValueError(f"{paths[run]} and {path} are records of the same run; keep one "
                              f"of them in {folder}")
-        paths[run], records[run] = path, record
+        paths[run], records[run], configs[run] = path, record, config
     for run, path in paths.items():
-        name = run_name(Config(**records[run]["config"]))
+        name = run_name(configs[run])
         if path.name != f"{name}.json":
             raise ValueError(f"{path} holds the record of the run {name}, not of the run its "
                              "file name says: a record edited by hand or named by another "
