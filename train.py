@@ -563,15 +563,14 @@ def evaluation(model, valid, test, config, final=False):
     """
     c, scores = config, {}
     probe = lambda split: 0 < c.eval_probe < len(split[0]) and not final
-    whole = True
+    whole = False                   # the whole validation split scored at this evaluation
     if len(valid[0]):
-        if probe(valid):
+        whole = not probe(valid)
+        if not whole:
             scores["valid_probe"] = evaluate(model, *(x[:c.eval_probe] for x in valid))
             whole = scores["valid_probe"] > c.target_acc
         if whole:
             scores["valid_acc"] = evaluate(model, *valid)
-    else:
-        whole = not probe(test)
     if whole or not probe(test):
         scores["test_acc"] = evaluate(model, *test)
     else:
@@ -1037,7 +1036,7 @@ def cells(records):
             raise ValueError(f"cell {dict(zip(CELL_KEYS, cell))} has runs at lrs "
                              f"{', '.join(f'{lr:g}' for lr in by_lr)} and a run without a "
                              "validation score: the lr is chosen on validation only")
-        score = lambda lr: mean_interval([r.get("valid_acc", math.nan) for r in by_lr[lr]])[0]
+        score = lambda lr: sum(r.get("valid_acc", math.nan) for r in by_lr[lr]) / len(by_lr[lr])
         lr = max(by_lr, key=score)
         mean, half = mean_interval([r["test_acc"] for r in by_lr[lr]])
         label = by_lr[lr][0]["config"].get("label") or cell[0]
