@@ -1759,6 +1759,79 @@ def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, ca
     assert [path] == list(tmp_path.glob("*.json")) and path.read_text() == before
 
 
+# A run that dies after the checkpoint of step `kill_at`: SIGKILL (nothing more is written)
+# or SIGINT (Ctrl-C: the step in flight ends, then a checkpoint and an "interrupted" record)
+KILL_SCRIPT = """import os, signal, sys, train
+def save_then_die(path, config, model, optimizer, order_state, run, device,
+                  save=train.save_checkpoint):
+    save(path, config, model, optimizer, order_state, run, device)
+    if run["step"] == int(sys.argv[2]):
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+if sys.argv[1] != "none":
+    train.save_checkpoint = save_then_die
+sys.exit(train.main(sys.argv[3:]))
+"""
+# dropout, shuffled epochs of 13 steps (the last batch partial): every random draw matters
+RESUME_ARGS = ["--seq_len=16", "--num_kv_pairs=2", "--vocab_size=64", "--d_model=16",
+               "--dropout=0.1", "--mixer=attention:dropout=0.1", "--num_train=200",
+               "--num_test=64", "--num_valid=64", "--batch_size=16", "--max_steps=40",
+               "--eval_every=6", "--target_acc=1.0", "--save_model=true", "--progress=false"]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_run_resumes_exactly(tmp_path, how):
+    """40 steps straight, and 20 steps + a kill + the same command again, give bit-identical
+    weights, history and scores. The kill lands mid-epoch (step 20 of epochs of 13) after a
+    checkpoint: SIGKILL right after it; SIGINT (Ctrl-C) finishes step 21 and checkpoints it
+    then. The checkpoint is gone once the record is written."""
+    script = tmp_path / "run.py"
+    script.write_text(KILL_SCRIPT)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    def run(signal_name, out_dir, *extra):
+        return subprocess.run([sys.executable, str(script), signal_name, "20", *RESUME_ARGS,
+                               f"--out_dir={out_dir}", *extra], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+    straight = run("none", tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    # a checkpoint after every step (checkpoint_every: a nanosecond), so that one is at 20
+    killed = run(how, tmp_path / "killed", "--checkpoint_every=1e-9")
+    [checkpoint] = (tmp_path / "killed").glob("*.ckpt")
+    if how == "SIGKILL":
+        assert killed.returncode == -9 and not list((tmp_path / "killed").glob("*.json"))
+    else:
+        assert killed.returncode == 130, killed.stderr[-2000:]
+        [record] = (tmp_path / "killed").glob("*.json")
+        assert json.loads(record.read_text())["ended"] == "interrupted"
+    assert torch.load(checkpoint, weights_only=True)["run"]["step"] == (
+        20 if how == "SIGKILL" else 21)
+    resumed = run("none", tmp_path / "killed")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list((tmp_path / "killed").glob("*.ckpt"))
+    [a], [b] = ((tmp_path / d).glob("*.json") for d in ("straight", "killed"))
+    a, b = json.loads(a.read_text()), json.loads(b.read_text())
+    assert [r["step"] for r in b["resumed"]] == [20 if how == "SIGKILL" else 21]
+    drop = lambda h: [{k: v for k, v in e.items() if k != "seconds"} for e in h]
+    assert drop(a["history"]) == drop(b["history"]) and len(a["history"]) == 7
+    assert (a["steps"], a["test_acc"], a["valid_acc"]) == (b["steps"], b["test_acc"],
+                                                           b["valid_acc"])
+    wa, wb = (torch.load(next((tmp_path / d).glob("*.pt")), weights_only=True)
+              for d in ("straight", "killed"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
+    """A run with dropout is the same run whatever the caller's RNG holds, and leaves it as
+    it was."""
+    records = []
+    for caller_seed in (1, 2):
+        c = small_config(dropout=0.1, mixer="attention:dropout=0.1", max_steps=6, eval_every=3,
+                         out_dir=str(tmp_path / str(caller_seed)))
+        torch.manual_seed(caller_seed)
+        before = torch.get_rng_state()
+        records.append(train.train(c))
+        assert torch.equal(torch.get_rng_state(), before)
+    assert [h["loss"] for h in records[0]["history"]] == [h["loss"] for h in records[1]["history"]]
+
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",

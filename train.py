@@ -49,6 +49,7 @@ as soon as it ends, atomically, named by the settings that differ from the defau
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
 """
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -59,6 +60,8 @@ import math
 import shlex
 import subprocess
 import sys
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +130,8 @@ class Config:
                                       # ("inductor" on a GPU); "" does not compile
     out_dir: str = "results/runs"
     save_model: bool = False          # also write the trained weights beside the record (.pt)
+    checkpoint_every: float = 300.0   # seconds between checkpoints (train), besides the one at
+                                      # the end of every epoch; 0: at epoch ends only
     progress: bool = True
     label: str = ""                   # a name for tables and figures (a sweep's model name)
 
@@ -622,7 +627,8 @@ def lr_at(step, config):
 # changing what a default means must bump the number, which renames every run.
 # Schema 2: early stopping reads the validation split (num_valid 1000 by default).
 RECORD_SCHEMA = 2
-NOT_IDENTITY = ("out_dir", "progress", "label", "save_model")   # where and how, not what
+# where and how, not what
+NOT_IDENTITY = ("out_dir", "progress", "label", "save_model", "checkpoint_every")
 
 
 def identity(config):
@@ -688,6 +694,18 @@ def lm_data(config):
 def train(config):
     """Train one model; return its record (also written to out_dir as JSON).
 
+    Every random draw of a run (the init, dropout, the batch order) comes from generators
+    seeded by `seed` (seeded_rng), never from the caller's: a run is the same run alone, in a
+    sweep, or resumed.
+
+    A run survives a kill: every `checkpoint_every` seconds and at the end of every epoch it
+    writes a checkpoint beside its record (record_path with the suffix .ckpt: weights,
+    optimizer, RNG states, step, history), atomically. Started again with the same settings,
+    it continues from there exactly: the same batches, dropout masks and weights as a run
+    never stopped. The checkpoint goes once the record is written. Ctrl-C (SIGINT) ends the
+    step in flight, writes a checkpoint and a record that says "interrupted"; a second
+    Ctrl-C stops at once.
+
     What a GPU user expects, each a setting: the data sits on the device and batches are
     cut there; `amp` runs the training forward and loss under bfloat16 autocast (matrix
     products in bfloat16, reductions, norms and FFTs in float32 as autocast decides, RWKV's
@@ -701,64 +719,86 @@ def train(config):
     # every split moves to the device once, so that batches are cut there (on a GPU, no
     # host-to-device copy per step)
     (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in make_data(c))
-    with torch.random.fork_rng(devices=[]):        # seed the init without touching the caller's RNG
-        torch.manual_seed(c.seed)
+    path = record_path(c)
+    with seeded_rng(c.seed, device), stop_requests() as stop_requested:
         model = LanguageModel(c).to(device)
-    optimizer = make_optimizer(model, c)
-    forward = torch.compile(model, backend=c.compile) if c.compile else model
-    order = torch.Generator().manual_seed(c.seed)  # batch order
-    history, step, ended = [], 0, None             # ended: why the run stopped
-    stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
-    bar = tqdm(total=stop, desc=run_name(c), disable=not c.progress, leave=False)
-    train_start = time.perf_counter()
-    try:
-        while ended is None:
-            perm = (torch.randperm(c.num_train, generator=order) if c.shuffle
-                    else torch.arange(c.num_train))
-            for b in range(steps_per_epoch(c)):
-                idx = perm[b * c.batch_size:(b + 1) * c.batch_size].to(device)
-                inputs, labels = x_train[idx], y_train[idx]
-                lr = lr_at(step, c)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=c.amp):
-                    loss, _, _ = labelled_loss(forward, inputs, labels)
-                    loss = loss + model.aux_loss()
-                if not torch.isfinite(loss):
-                    ended = "diverged"
-                    print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
-                          "stopping: try a lower --lr", file=sys.stderr)
-                    break
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if c.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-                optimizer.step()
-                step += 1
-                bar.update(1)
-                if step % c.eval_every == 0 or step == stop:
-                    scores = evaluation(model, valid, test, c, final=step == stop)
-                    history.append({"step": step, "loss": loss.item(), **scores,
-                                    "seconds": round(time.perf_counter() - train_start, 2)})
-                    shown = scores.get("valid_acc", scores.get("valid_probe"))
-                    bar.set_postfix(loss=f"{loss.item():.3f}",
-                                    valid="-" if shown is None else f"{shown:.3f}")
-                    if scores.get("valid_acc", 0.0) > c.target_acc:        # never test_acc
-                        ended = "target_reached"
+        optimizer = make_optimizer(model, c)
+        order = torch.Generator().manual_seed(c.seed)  # batch order
+        run = dict(step=0, history=[], train_time=0.0, resumed=[])
+        if path.with_suffix(".ckpt").exists():
+            run = load_checkpoint(path.with_suffix(".ckpt"), c, model, optimizer, order, device)
+            run["resumed"].append({"step": run["step"], **provenance(device)})
+        forward = torch.compile(model, backend=c.compile) if c.compile else model
+        step, history, ended = run["step"], run["history"], None       # ended: why it stopped
+        stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
+        epoch = steps_per_epoch(c)
+        bar = tqdm(total=stop, initial=step, desc=run_name(c), disable=not c.progress,
+                   leave=False)
+        train_start = last_save = time.perf_counter()
+
+        def save(epoch_order):
+            run.update(step=step, train_time=run["train_time"] + time.perf_counter() - train_start)
+            save_checkpoint(path.with_suffix(".ckpt"), c, model, optimizer, epoch_order, run,
+                            device)
+            return time.perf_counter()
+
+        try:
+            while ended is None:
+                epoch_order = order.get_state()    # this epoch's permutation is drawn from here
+                perm = (torch.randperm(c.num_train, generator=order) if c.shuffle
+                        else torch.arange(c.num_train))
+                for b in range(step % epoch, epoch):   # a resumed run starts mid-epoch
+                    idx = perm[b * c.batch_size:(b + 1) * c.batch_size].to(device)
+                    inputs, labels = x_train[idx], y_train[idx]
+                    lr = lr_at(step, c)
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=c.amp):
+                        loss, _, _ = labelled_loss(forward, inputs, labels)
+                        loss = loss + model.aux_loss()
+                    if not torch.isfinite(loss):
+                        ended = "diverged"
+                        print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
+                              "stopping: try a lower --lr", file=sys.stderr)
                         break
-                if step >= stop:
-                    ended = "max_steps" if stop == c.max_steps else "budget_steps"
-                    break
-    except KeyboardInterrupt:
-        ended = "interrupted"
-    finally:
-        bar.close()
-    train_time = time.perf_counter() - train_start
-    # the final model's scores on the whole splits: those of the last evaluation where it
-    # was the final model and scored them (a run that stopped on the target or at the end)
-    last = history[-1] if history and history[-1]["step"] == step else {}
-    whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
-    final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if c.grad_clip > 0:
+                        nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+                    optimizer.step()
+                    step += 1
+                    bar.update(1)
+                    if step % c.eval_every == 0 or step == stop:
+                        scores = evaluation(model, valid, test, c, final=step == stop)
+                        elapsed = run["train_time"] + time.perf_counter() - train_start
+                        history.append({"step": step, "loss": loss.item(), **scores,
+                                        "seconds": round(elapsed, 2)})
+                        shown = scores.get("valid_acc", scores.get("valid_probe"))
+                        bar.set_postfix(loss=f"{loss.item():.3f}",
+                                        valid="-" if shown is None else f"{shown:.3f}")
+                        if scores.get("valid_acc", 0.0) > c.target_acc:    # never test_acc
+                            ended = "target_reached"
+                    if ended is None and step >= stop:
+                        ended = "max_steps" if stop == c.max_steps else "budget_steps"
+                    if ended is None and stop_requested():
+                        ended = "interrupted"
+                    if ended in (None, "interrupted") and (
+                            step % epoch == 0 or ended or
+                            0 < c.checkpoint_every < time.perf_counter() - last_save):
+                        # at an epoch's end the next epoch's permutation is drawn from here
+                        last_save = save(order.get_state() if step % epoch == 0 else epoch_order)
+                    if ended:
+                        break
+        except KeyboardInterrupt:                  # a second Ctrl-C: the last checkpoint stands
+            ended = "interrupted"
+        finally:
+            bar.close()
+        train_time = run["train_time"] + time.perf_counter() - train_start
+        # the final model's scores on the whole splits: those of the last evaluation where it
+        # was the final model and scored them (a run that stopped on the target or at the end)
+        last = history[-1] if history and history[-1]["step"] == step else {}
+        whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
+        final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
     record = {
         "schema": RECORD_SCHEMA, "config": dataclasses.asdict(c), "test_acc": final["test_acc"],
         "steps": step, "ended": ended, "train_time_s": round(train_time, 2),
@@ -768,7 +808,8 @@ def train(config):
     }
     if "valid_acc" in final:
         record["valid_acc"] = final["valid_acc"]
-    path = record_path(c)
+    if run["resumed"]:
+        record["resumed"] = run["resumed"]     # where it continued, and what ran it there
     if c.save_model:                       # the weights first: a record means they are there
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path.with_suffix(".pt.tmp"))
@@ -776,7 +817,80 @@ def train(config):
     save_record(record, path)
     if ended == "interrupted":
         raise KeyboardInterrupt
+    path.with_suffix(".ckpt").unlink(missing_ok=True)
     return record
+
+
+@contextlib.contextmanager
+def seeded_rng(seed, device):
+    """Seed torch's generators (CPU and `device`'s) with `seed` for the block, and give the
+    caller's states back after it."""
+    kind = device.type if device.type in ("cuda", "mps") else None
+    with torch.random.fork_rng(devices=[device.index or 0] if kind == "cuda" else [],
+                               device_type=kind or "cuda"):
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """Ctrl-C (SIGINT) as a request: the block polls the function it gets to see whether a
+    stop was asked for; a second Ctrl-C raises KeyboardInterrupt at once. Outside the main
+    thread (where Python delivers no signal) nothing is asked."""
+    asked = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+
+    def handler(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(signum)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: bool(asked)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def rng_states(device):
+    """The states of torch's generators that a run draws from: CPU, and the device's."""
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    elif device.type == "mps":
+        states["mps"] = torch.mps.get_rng_state()
+    return states
+
+
+def save_checkpoint(path, config, model, optimizer, order_state, run, device):
+    """Write what a run needs to continue exactly (train), atomically: its identity, weights,
+    optimizer, the RNG states, the batch order's generator where the current epoch's
+    permutation is drawn, and `run` (step, history, training seconds so far, resumes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"identity": identity(config), "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "rng": rng_states(device),
+                "order": order_state, "run": run}, path.with_suffix(".ckpt.tmp"))
+    path.with_suffix(".ckpt.tmp").replace(path)
+
+
+def load_checkpoint(path, config, model, optimizer, order, device):
+    """Load a checkpoint of save_checkpoint into model, optimizer, the generators and
+    `order` (the current epoch's permutation is drawn again from there); return its run."""
+    state = torch.load(path, map_location=device, weights_only=True)
+    if state["identity"] != identity(config):
+        raise ValueError(f"{path} is the checkpoint of another run ({state['identity']}); "
+                         "move it away to start this run afresh")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"]["cpu"].cpu())
+    if "cuda" in state["rng"]:
+        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), device)
+    if "mps" in state["rng"]:
+        torch.mps.set_rng_state(state["rng"]["mps"].cpu())
+    order.set_state(state["order"].cpu())
+    return state["run"]
 
 
 def provenance(device):
