@@ -964,6 +964,18 @@ EVERY_MIXER_MODELS = {
     "the Based stack": "base_conv:kernel_size=3,based",
     "BaseConv + programmatic selective attention":
         "base_conv,selective_attention:selection=programmatic"}
+# Figure 2 at N = 64 on the paper's own budget, on two CPU cores: --preset=figure2 (the
+# official forms and recipe, c = 8192, 64 epochs of 100,000 examples, batch 512), BaseConv's
+# official short-then-long stack at d = 64 and 128 and attention at d = 64 as the anchor.
+# "fig2_pilot" runs the first PILOT_EPOCHS epochs of each at every lr of Figure 2's four
+# (the same schedule, cut short by budget_steps); "fig2_epochs" runs each to the end at the
+# lr whose pilot scored best on the validation split (FIG2_EPOCHS_LRS, pinned to the
+# pilot's records by a test). README, "Figure 2 at the paper's budget".
+PILOT_EPOCHS = 3
+FIG2_EPOCHS_GRIDS = [dict(models={"base_conv": "base_conv"}, d_model=[64, 128]),
+                     dict(models={"attention": "attention"}, d_model=[64])]
+FIG2_EPOCHS = dict(preset=["figure2"], nd=[(64, 4)], seed=[0])
+FIG2_EPOCHS_LRS = {}                     # (model, d) -> the pilot's choice
 SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models={"attention": "attention",
@@ -1006,6 +1018,13 @@ SWEEPS = {
         "cpu": dict(models=HYBRID_MODELS, nd=[(64, 4)], d_model=[64], lr=[3e-3],
                     seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
     },
+    "fig2_pilot": {"cpu": [dict(**grid, **FIG2_EPOCHS, lr=PAPER_LRS,
+                                budget_steps=[PILOT_EPOCHS * math.ceil(100_000 / 512)])
+                           for grid in FIG2_EPOCHS_GRIDS]},
+    "fig2_epochs": {"cpu": [dict(models=grid["models"], **FIG2_EPOCHS, d_model=[d],
+                                 lr=[FIG2_EPOCHS_LRS[label, d]])
+                            for grid in FIG2_EPOCHS_GRIDS for label in grid["models"]
+                            for d in grid["d_model"] if (label, d) in FIG2_EPOCHS_LRS]},
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
         "paper": dict(models=F2_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
