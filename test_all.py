@@ -14,6 +14,7 @@ import math
 import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -1831,6 +1832,85 @@ def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
         records.append(train.train(c))
         assert torch.equal(torch.get_rng_state(), before)
     assert [h["loss"] for h in records[0]["history"]] == [h["loss"] for h in records[1]["history"]]
+
+WORKERS_SCRIPT = """import sys, train
+train.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
+    seq_len=[16], num_kv_pairs=[2], vocab_size=[64], d_model=[16], num_train=[256],
+    num_test=[64], num_valid=[64], batch_size=[16], max_steps=[1000], eval_every=[100],
+    target_acc=[1.0], checkpoint_every=[0.05])}
+sys.exit(train.main(["--sweep=tiny", "--workers=2"]))
+"""
+
+
+def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_path):
+    """--workers=2: each run in a process of its own with half the threads. SIGINT to the
+    sweep reaches both running runs, which checkpoint and stop (exit 130, no finished
+    record, no run started after it); the same command then finishes every run, the two
+    stopped ones from their checkpoints."""
+    script = tmp_path / "sweep.py"
+    script.write_text(WORKERS_SCRIPT)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    folder = tmp_path / "results" / "tiny"
+    deadline = time.time() + 120
+    while len(list(folder.glob("*.ckpt"))) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, proc.stderr.read()[-2000:]
+    stopped = {json.loads(p.read_text())["seed"]: json.loads(p.read_text())
+               for p in folder.glob("*.json")}
+    assert sorted(stopped) == [0, 1] and {r["ended"] for r in stopped.values()} == {"interrupted"}
+    assert len(list(folder.glob("*.ckpt"))) == 2 and not list(folder.glob("*.log"))
+    assert all(r["threads"] == 1 for r in stopped.values())          # 2 threads, 2 workers
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = {r["seed"]: r for r in train.load_records(folder)}
+    assert sorted(records) == [0, 1, 2] and {r["steps"] for r in records.values()} == {1000}
+    for seed in (0, 1):                  # continued where Ctrl-C stopped them
+        assert [r["step"] for r in records[seed]["resumed"]] == [stopped[seed]["steps"]]
+    assert "resumed" not in records[2] and not list(folder.glob("*.ckpt"))
+
+
+def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path, monkeypatch):
+    """submit_sweep with submitit's LocalExecutor (real processes, no Slurm): a job array of
+    the sweep's runs; one job is cancelled mid-run (submitit sends SIGINT, then SIGKILL);
+    submitting again submits only that run, which continues from its checkpoint, and
+    leaves the finished run's record as it was."""
+    pytest.importorskip("submitit")
+    monkeypatch.chdir(tmp_path)
+    tiny = dict(models={"attention": "attention"}, seq_len=[16], num_kv_pairs=[2],
+                vocab_size=[64], d_model=[16], num_train=[256], num_test=[64], num_valid=[64],
+                batch_size=[16], eval_every=[100], target_acc=[1.0], checkpoint_every=[0.05])
+    monkeypatch.setitem(train.SWEEPS, "tiny", {"cpu": [dict(tiny, seed=[0], max_steps=[20]),
+                                                       dict(tiny, seed=[1], max_steps=[3000])]})
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    short, long = train.submit_sweep("tiny", "cpu", cluster="local", time_min=10)
+    folder = tmp_path / "results" / "tiny"
+    deadline = time.time() + 120
+    while not list(folder.glob("*s1-*.ckpt")) and time.time() < deadline:
+        time.sleep(0.02)
+    long.cancel()
+    first = Path(short.result())
+    before = first.read_text()
+    while not long.done() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(r["seed"] == 1 and r["ended"] != "interrupted"
+                   for r in train.load_records(folder)), "the job was cancelled too late"
+    [checkpoint] = folder.glob("*s1-*.ckpt")
+    stopped_at = torch.load(checkpoint, weights_only=True)["run"]["step"]
+    [again] = train.submit_sweep("tiny", "cpu", cluster="local", time_min=10)
+    second = Path(again.result())
+    records = {r["seed"]: r for r in train.load_records(folder)}
+    assert first.read_text() == before and records[1]["steps"] == 3000
+    assert [r["step"] for r in records[1]["resumed"]] == [stopped_at] and stopped_at > 0
+    assert second == train.record_path(train.make_config(**dict(
+        train.sweep_runs("tiny", "cpu")[1][1]))) and not list(folder.glob("*.ckpt"))
+    assert train.submit_sweep("tiny", "cpu", cluster="local") == []      # nothing left
+    delayed = train.SweepJob().checkpoint({"seed": 1})      # what Slurm's time-out requeues
+    assert isinstance(delayed.function, train.SweepJob) and delayed.args == ({"seed": 1},)
+
 
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",

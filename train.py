@@ -57,6 +57,7 @@ import inspect
 import itertools
 import json
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -893,6 +894,13 @@ def load_checkpoint(path, config, model, optimizer, order, device):
     return state["run"]
 
 
+def finished_record(config):
+    """The record of `config`'s run if it has finished (ended any way but "interrupted"),
+    else None: a finished run is never run again."""
+    path = record_path(config)
+    record = json.loads(path.read_text()) if path.exists() else None
+    return record if record and record["ended"] != "interrupted" else None
+
 def provenance(device):
     """What produced a record: the code's git commit and whether mixers.py, mqar.py or
     train.py differed from it (None outside a git checkout), torch, device and threads."""
@@ -1061,10 +1069,11 @@ def command_line(overrides):
     return "python train.py " + " ".join(shlex.quote(f"--{k}={v}") for k, v in overrides.items())
 
 
-def run_sweep(name, scale, dry_run=False, resume=True):
+def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
-    where it stopped; resume=False reruns them all), with a bar over runs; or, with
-    dry_run, print one command line per run."""
+    where it stopped, each unfinished run from its checkpoint; resume=False reruns them
+    all), with a bar over runs: in this process, or in `workers` processes at once
+    (run_in_processes). With dry_run, print one command line per run instead."""
     runs = sweep_runs(name, scale)
     if dry_run:
         for _, overrides in runs:
@@ -1079,12 +1088,113 @@ def run_sweep(name, scale, dry_run=False, resume=True):
                 if r["ended"] != "interrupted"} if resume else {}
 
     finished()
+    if workers > 1:
+        todo = [(label, o) for label, o in runs if identity(make_config(**o)) not in finished()]
+        run_in_processes([o for _, o in todo], workers, f"{name} ({scale})", len(runs))
+        done = finished()
+        return [done[identity(make_config(**o))] for _, o in runs]
     records = []
     for label, overrides in tqdm(runs, desc=f"{name} ({scale})", unit="run"):
         config = make_config(**{**overrides, "progress": True})
         records.append(finished().get(identity(config)) or train(config))
     return records
 
+
+def run_in_processes(runs, workers, desc, total=None):
+    """Run `runs` (Config overrides) as `python train.py --key=value ...` processes, `workers`
+    at a time, each with an equal share of this process's threads (OMP_NUM_THREADS); the
+    bar counts finished runs out of `total` (the whole sweep). A run's output goes to a .log
+    beside its record, kept only if it fails. Ctrl-C (or SIGINT to this process) is passed to
+    every running run, which checkpoints and stops (train), and then raises
+    KeyboardInterrupt here; a run that fails is named with its log, the others go on."""
+    total = total or len(runs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // workers))}
+    pending, running, failed = list(runs), {}, []
+    bar = tqdm(total=total, initial=total - len(runs), desc=desc, unit="run")
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                overrides = pending.pop(0)
+                log = record_path(make_config(**overrides)).with_suffix(".log")
+                log.parent.mkdir(parents=True, exist_ok=True)
+                args = [f"--{k}={v}" for k, v in overrides.items()]
+                with log.open("w") as out:     # a session of its own: Ctrl-C reaches us only
+                    running[subprocess.Popen([sys.executable, __file__, *args], stdout=out,
+                                             stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=True)] = log
+            time.sleep(0.1)
+            for proc in [p for p in running if p.poll() is not None]:
+                log = running.pop(proc)
+                if proc.returncode == 0:
+                    log.unlink()
+                else:
+                    failed.append(log)
+                    tqdm.write(f"a run failed (exit code {proc.returncode}); its output: {log}")
+                bar.update(1)
+    except KeyboardInterrupt:
+        for proc in running:
+            proc.send_signal(signal.SIGINT)    # each checkpoints its step and stops
+        for proc, log in running.items():
+            if proc.wait() == 130:             # stopped as asked: its output is no failure
+                log.unlink()
+        raise
+    finally:
+        bar.close()
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed; their output: "
+                           + ", ".join(map(str, failed)))
+
+
+SUBMITIT = "submitit==1.5.4"                      # the optional package, the version tested
+
+
+class SweepJob:
+    """One run of a sweep as a submitit job (submit_sweep): trains it unless its record has
+    finished, and returns the record's path. On a time-out or a preemption Slurm signals the
+    job (USR2) and submitit calls `checkpoint`, which requeues the same run; it continues
+    from its own last checkpoint (train)."""
+
+    def __call__(self, overrides):
+        config = make_config(**overrides)
+        if not finished_record(config):
+            train(config)
+        return str(record_path(config))
+
+    def checkpoint(self, overrides):
+        import submitit
+        return submitit.helpers.DelayedSubmission(self, overrides)
+
+
+def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_per_run=0,
+                 cpus_per_run=1, parallel=0):
+    """Submit the unfinished runs of a sweep as one job array through submitit (optional:
+    pip install submitit==1.5.4), one run per job; return the jobs.
+
+    cluster="slurm": sbatch with `partition` ("" for the cluster's default), `time_min`
+    minutes and `gpus_per_run`, `cpus_per_run` per job, at most `parallel` jobs at once (0:
+    no cap). cluster="local": submitit's LocalExecutor, every job a local process at once
+    (for tests). The jobs write the same records to results/NAME, from the directory this
+    is called in, and import this train.py; submitting again submits only the runs that
+    have not finished, and those continue from their checkpoints. submitit's logs go to
+    results/NAME/submitit/.
+    """
+    check_choice("cluster", cluster, ("slurm", "local"))
+    try:
+        import submitit
+    except ImportError:
+        raise ValueError(f"--launcher={cluster} needs the optional package submitit: "
+                         f"pip install {SUBMITIT}") from None
+    import train as module          # the importable module, also when this runs as __main__
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])])      # jobs inherit it
+    todo = [o for _, o in sweep_runs(name, scale) if not finished_record(make_config(**o))]
+    executor = submitit.AutoExecutor(folder=f"results/{name}/submitit/%j", cluster=cluster)
+    executor.update_parameters(timeout_min=time_min, gpus_per_node=gpus_per_run,
+                               cpus_per_task=cpus_per_run, slurm_array_parallelism=parallel or
+                               len(todo) or 1, **({"slurm_partition": partition}
+                                                  if partition else {}))
+    return executor.map_array(module.SweepJob(), todo) if todo else []
 
 def load_records(folder):
     """Every run record in `folder` (none if it does not exist), one per run. A file that is
@@ -1321,9 +1431,8 @@ def trained_model(config):
     """The model of `config`, trained (train) unless its record and weights exist and the
     record says it finished, then loaded: a killed experiment resumes at the model it was
     training. Returns (model, record)."""
-    path = record_path(config)
-    record = json.loads(path.read_text()) if path.exists() else None
-    if record is None or record["ended"] == "interrupted" or not path.with_suffix(".pt").exists():
+    path, record = record_path(config), finished_record(config)
+    if record is None or not path.with_suffix(".pt").exists():
         record = train(config)
     with torch.random.fork_rng(devices=[]):
         model = LanguageModel(config)
@@ -1760,8 +1869,11 @@ def plot_curves(records, path):
     return path
 
 
-COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--plot", "--table",
-            "--ar_threshold", "--hf", "--samples")
+COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers", "--launcher",
+            "--partition", "--time_min", "--gpus_per_run", "--cpus_per_run", "--parallel",
+            "--plot", "--table", "--ar_threshold", "--hf", "--samples")
+LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int,
+                    "--cpus_per_run": int, "--parallel": int}      # submit_sweep's, by flag
 
 
 def main(argv):
@@ -1791,9 +1903,23 @@ def main(argv):
             print(cells_table(flags["--plot"]))
             print("wrote " + ", ".join(paths))
             return 0
+        workers = _parse_value("workers", flags.get("--workers", "1"), int)
+        check_positive("workers", workers)
+        if "--sweep" not in flags and ("--launcher" in flags or "--workers" in flags):
+            raise ValueError("--launcher and --workers are not allowed without --sweep: they "
+                             "say where a sweep's runs run")
+        if "--launcher" in flags:
+            check_choice("launcher", flags["--launcher"], ("slurm",))
+            options = {k[2:]: _parse_value(k[2:], v, LAUNCHER_OPTIONS[k])
+                       for k, v in flags.items() if k in LAUNCHER_OPTIONS}
+            jobs = submit_sweep(flags["--sweep"], flags.get("--scale", "cpu"), **options)
+            print(f"submitted {len(jobs)} runs" + (f" (jobs {jobs[0].job_id} ...)" if jobs else
+                  ": every run has finished") + f"; records in results/{flags['--sweep']}/")
+            return 0
         if "--sweep" in flags or not argv:
             name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
-            records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume=bool(argv))
+            records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume=bool(argv),
+                                workers=workers)
             if name == "main" and records:
                 print(runs_table(records, name))
                 print(f"wrote {plot_curves(records, 'results/main.png')}")
@@ -1850,15 +1976,21 @@ def main(argv):
     except ValueError as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:                    # a run of --workers failed
+        print(f"train.py: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:                    # Ctrl-C in a sweep
+        print("interrupted: the finished runs' records are written, the unfinished runs "
+              "checkpointed; the same command continues", file=sys.stderr)
+        return 130
     if "--bench" in flags:
         bench(config)
         return 0
     records = []
     for seed in range(config.seed, config.seed + n_seeds):
         run = dataclasses.replace(config, seed=seed)
-        path = record_path(run)
-        done = json.loads(path.read_text()) if path.exists() else None
-        if done and done["ended"] != "interrupted":      # a run's record is written once
+        path, done = record_path(run), finished_record(run)
+        if done:                                     # a run's record is written once
             print(f"already run: {path} (ended {done['ended']}); delete it to run again")
             records.append(done)
             continue
