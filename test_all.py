@@ -11,6 +11,7 @@ import inspect
 import itertools
 import json
 import math
+import os
 import random
 import re
 import shlex
@@ -1657,7 +1658,7 @@ def test_killed_sweep_resumes_and_loses_no_finished_run(tmp_path):
     whole, no partial file is left, and the rerun trains only the runs that had no record."""
     script = tmp_path / "sweep.py"
     script.write_text(SWEEP_SCRIPT)
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(script), "300"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = tmp_path / "results" / "tiny"
@@ -1787,7 +1788,7 @@ def test_a_killed_run_resumes_exactly(tmp_path, how):
     then. The checkpoint is gone once the record is written."""
     script = tmp_path / "run.py"
     script.write_text(KILL_SCRIPT)
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     def run(signal_name, out_dir, *extra):
         return subprocess.run([sys.executable, str(script), signal_name, "20", *RESUME_ARGS,
                                f"--out_dir={out_dir}", *extra], cwd=tmp_path, env=env,
@@ -1849,7 +1850,7 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     stopped ones from their checkpoints."""
     script = tmp_path / "sweep.py"
     script.write_text(WORKERS_SCRIPT)
-    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     folder = tmp_path / "results" / "tiny"
@@ -1910,6 +1911,29 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
     assert train.submit_sweep("tiny", "cpu", cluster="local") == []      # nothing left
     delayed = train.SweepJob().checkpoint({"seed": 1})      # what Slurm's time-out requeues
     assert isinstance(delayed.function, train.SweepJob) and delayed.args == ({"seed": 1},)
+
+
+def test_device_auto_picks_cuda_then_mps_then_cpu_and_mps_refuses_what_it_lacks(monkeypatch):
+    """What is available is faked: --device=auto takes the first of cuda, mps, cpu; a device
+    that is not there, and amp or compile on mps, are refused naming the setting."""
+    for cuda, mps, expected in [(True, True, "cuda"), (False, True, "mps"),
+                                (False, False, "cpu")]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+        assert train.resolve_device("auto").type == expected
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='mps' is not allowed: .* no Apple GPU"):
+        train.make_config(device="mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='cuda' is not allowed"):
+        train.make_config(device="cuda")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert train.make_config(device="mps").device == "mps"
+    for setting in (dict(amp=True), dict(compile="inductor")):
+        for device in ("mps", "auto"):
+            with pytest.raises(ValueError, match="is not allowed on 'mps'"):
+                train.make_config(device=device, **setting)
+    assert os.environ["PYTORCH_ENABLE_MPS_FALLBACK"] == "1"     # set by train.py
 
 
 REPLAYED_RECORDS = [

@@ -67,7 +67,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
+
+# on an Apple GPU, an op that mps lacks runs on the CPU (with a warning) instead of failing;
+# read once, when torch is imported (resolve_device)
+os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+import torch  # noqa: E402
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -125,7 +129,8 @@ class Config:
     # bookkeeping
     preset: str = "cpu"               # "cpu" (these defaults) or "figure2": see PRESETS
     seed: int = 0
-    device: str = "auto"              # "auto" (cuda when present), "cpu", "cuda", "cuda:N"
+    device: str = "auto"              # "auto" (cuda, else mps, else cpu: resolve_device), "cpu",
+                                      # "cuda", "cuda:N" or "mps"
     amp: bool = False                 # bfloat16 autocast in training (for a GPU): see train
     compile: str = ""                 # a torch.compile backend for the training forward
                                       # ("inductor" on a GPU); "" does not compile
@@ -335,12 +340,19 @@ def check_config(config):
     if c.compile and c.compile not in backends:
         raise ValueError(f"compile={c.compile!r} is not allowed: choose '' (off) or a "
                          f"torch.compile backend, one of {', '.join(backends)}")
-    if not (c.device in ("auto", "cpu", "cuda") or c.device.startswith("cuda:")):
+    if not (c.device in ("auto", "cpu", "cuda", "mps") or c.device.startswith("cuda:")):
         raise ValueError(f"device={c.device!r} is not allowed: choose 'auto', 'cpu', "
-                         "'cuda' or 'cuda:N'")
+                         "'cuda', 'cuda:N' or 'mps'")
     if c.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
+    if c.device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device='mps' is not allowed: this machine or torch build has no "
+                         "Apple GPU (MPS); use --device=cpu or --device=auto")
+    if resolve_device(c.device).type == "mps" and (c.amp or c.compile):
+        raise ValueError(f"amp={c.amp} with compile={c.compile!r} is not allowed on 'mps': "
+                         "bfloat16 autocast and torch.compile are checked on CUDA only; run "
+                         "without them there (--amp=false --compile=)")
     check_choice("task", c.task, TASKS)
     if c.task == "mqar":
         multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
@@ -354,8 +366,16 @@ def check_config(config):
 
 
 def resolve_device(name):
+    """The device of a `device` setting; "auto" is the first of cuda (an NVIDIA GPU), mps
+    (an Apple GPU) and cpu that this machine and torch build have.
+
+    On mps the run trains in float32, as everywhere (nothing of a run's needs float64,
+    which mps lacks); an op mps lacks runs on the CPU with PyTorch's warning
+    (PYTORCH_ENABLE_MPS_FALLBACK, which this file sets before it imports torch); amp and
+    compile are refused there (check_config)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else
+                            "mps" if torch.backends.mps.is_available() else "cpu")
     return torch.device(name)
 
 
@@ -1637,16 +1657,16 @@ def bench(config):
     inputs, labels = inputs.to(device), labels.to(device)
 
     def step_seconds(loss_fn):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
         t0 = time.perf_counter()
         loss = loss_fn(model, inputs, labels)
         loss = loss[0] if isinstance(loss, tuple) else loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
         return time.perf_counter() - t0
 
     # alternate the two, so that a busy moment of the machine hits both alike
