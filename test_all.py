@@ -1793,7 +1793,7 @@ def test_a_killed_run_resumes_exactly(tmp_path, how):
         return subprocess.run([sys.executable, str(script), signal_name, "20", *RESUME_ARGS,
                                f"--out_dir={out_dir}", *extra], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
-    straight = run("none", tmp_path / "straight")
+    straight = run("none", tmp_path / "straight", "--checkpoint_every=1e-9")
     assert straight.returncode == 0, straight.stderr[-2000:]
     # a checkpoint after every step (checkpoint_every: a nanosecond), so that one is at 20
     killed = run(how, tmp_path / "killed", "--checkpoint_every=1e-9")
@@ -1812,6 +1812,8 @@ def test_a_killed_run_resumes_exactly(tmp_path, how):
     [a], [b] = ((tmp_path / d).glob("*.json") for d in ("straight", "killed"))
     a, b = json.loads(a.read_text()), json.loads(b.read_text())
     assert [r["step"] for r in b["resumed"]] == [20 if how == "SIGKILL" else 21]
+    # training seconds count each one once, however many checkpoints (40 here)
+    assert a["history"][-1]["seconds"] <= a["train_time_s"] <= a["wall_time_s"]
     drop = lambda h: [{k: v for k, v in e.items() if k != "seconds"} for e in h]
     assert drop(a["history"]) == drop(b["history"]) and len(a["history"]) == 7
     assert (a["steps"], a["test_acc"], a["valid_acc"]) == (b["steps"], b["test_acc"],

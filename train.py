@@ -756,11 +756,11 @@ def train(config):
         bar = tqdm(total=stop, initial=step, desc=run_name(c), disable=not c.progress,
                    leave=False)
         train_start = last_save = time.perf_counter()
+        trained = lambda: run["train_time"] + time.perf_counter() - train_start  # all segments
 
         def save(epoch_order):
-            run.update(step=step, train_time=run["train_time"] + time.perf_counter() - train_start)
-            save_checkpoint(path.with_suffix(".ckpt"), c, model, optimizer, epoch_order, run,
-                            device)
+            save_checkpoint(path.with_suffix(".ckpt"), c, model, optimizer, epoch_order,
+                            {**run, "step": step, "train_time": trained()}, device)
             return time.perf_counter()
 
         try:
@@ -791,9 +791,8 @@ def train(config):
                     bar.update(1)
                     if step % c.eval_every == 0 or step == stop:
                         scores = evaluation(model, valid, test, c, final=step == stop)
-                        elapsed = run["train_time"] + time.perf_counter() - train_start
                         history.append({"step": step, "loss": loss.item(), **scores,
-                                        "seconds": round(elapsed, 2)})
+                                        "seconds": round(trained(), 2)})
                         shown = scores.get("valid_acc", scores.get("valid_probe"))
                         bar.set_postfix(loss=f"{loss.item():.3f}",
                                         valid="-" if shown is None else f"{shown:.3f}")
@@ -814,7 +813,7 @@ def train(config):
             ended = "interrupted"
         finally:
             bar.close()
-        train_time = run["train_time"] + time.perf_counter() - train_start
+        train_time = trained()
         # the final model's scores on the whole splits: those of the last evaluation where it
         # was the final model and scored them (a run that stopped on the target or at the end)
         last = history[-1] if history and history[-1]["step"] == step else {}
