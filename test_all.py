@@ -1938,6 +1938,35 @@ def test_device_auto_picks_cuda_then_mps_then_cpu_and_mps_refuses_what_it_lacks(
     assert os.environ["PYTORCH_ENABLE_MPS_FALLBACK"] == "1"     # set by train.py
 
 
+def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_epoch(
+        tmp_path, monkeypatch):
+    """fig2_pilot: of two lrs the one with the better validation accuracy is marked chosen,
+    though its test accuracy is worse. fig2_epochs: the test accuracy after the epochs of
+    EPOCHS_SHOWN that ran, Figure 2's value beside it, and the figure is drawn."""
+    monkeypatch.chdir(tmp_path)
+    epoch = math.ceil(100_000 / 512)
+    def record(folder, lr, valid, test, epochs, d=64):
+        c = train.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
+                              d_model=d, out_dir=f"results/{folder}", progress=False)
+        history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
+                    "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
+        train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
+                           "history": history, "steps": epochs * epoch,
+                           "train_time_s": 7200.0}, train.record_path(c))
+    record("fig2_pilot", 1e-2, valid=0.4, test=0.9, epochs=3)
+    record("fig2_pilot", 2.15e-3, valid=0.5, test=0.3, epochs=3)
+    rows = train.markdown_table("fig2_pilot").splitlines()[2:]
+    assert [(row.split(" | ")[2], row.split(" | ")[7]) for row in rows] == [
+        ("0.00215", "✓"), ("0.01", "")]
+    assert rows[0].split(" | ")[3] == ".167 .333 .500"
+    record("fig2_epochs", 2.15e-3, valid=0.8, test=0.6, epochs=10, d=128)
+    [row] = train.markdown_table("fig2_epochs").splitlines()[2:]
+    cells = row.strip("| ").split(" | ")
+    assert cells[3:] == ["10", "max_steps", ".060 .120 .240 .480 – – – –", ".600", ".800",
+                         "0.92", "2.0"]
+    assert train.main(["--plot=fig2_epochs"]) == 0 and (tmp_path / "results/fig2_epochs.png").exists()
+
+
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",

@@ -1175,7 +1175,9 @@ class SweepJob:
 
     def __call__(self, overrides):
         config = make_config(**overrides)
-        if not finished_record(config):
+        if finished_record(config):                  # a job run twice trains nothing
+            print(f"already run: {record_path(config)}")
+        else:
             train(config)
         return str(record_path(config))
 
@@ -1823,6 +1825,8 @@ def markdown_table(name):
     folder, _, part = name.partition(":")
     if folder in PLOT_AXES:
         return cells_table(folder)
+    if folder in EPOCH_TABLES:
+        return EPOCH_TABLES[folder](folder)
     if folder in RUN_TABLES:
         return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
     if lm_outputs(f"results/{folder}")[0].exists():
@@ -1830,8 +1834,93 @@ def markdown_table(name):
         check_choice("table part", part, tuple(tables))
         return tables[part]
     raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
-                     f"a folder of runs ({', '.join(RUN_TABLES)}) or an LM experiment with "
+                     f"a folder of runs ({', '.join([*RUN_TABLES, *EPOCH_TABLES])}) or an LM "
+                     "experiment with "
                      "its summary in results/ (lm, lm:thresholds, lm:appendix_g)")
+
+
+# ----------------------------------------------------------------------------------------
+# Figure 2 at the paper's budget: the pilot's choice and the 64-epoch runs, epoch by epoch
+
+def epoch_scores(record, key):
+    """{epoch: score} of a run that evaluates after every epoch (--preset=figure2)."""
+    c = Config(**record["config"])
+    return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
+
+
+def pilot_table(name="fig2_pilot"):
+    """The pilot (fig2_pilot): one row per run, its validation accuracy after each epoch, and
+    which lr each (model, d) chose: the best mean validation accuracy (cells)."""
+    records = load_records(f"results/{name}")
+    chosen = {(r["label"], r["d_model"]): r["lr"] for r in cells(records)}
+    key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"],
+                     r["config"]["lr"])
+    rows = [[r["config"]["label"], r["config"]["d_model"], f"{r['config']['lr']:g}",
+             " ".join(acc_text(v) for v in epoch_scores(r, "valid_acc").values()),
+             acc_text(r["valid_acc"]), acc_text(r["test_acc"]), ENDED[r["ended"]],
+             "✓" if chosen[r["config"]["label"], r["config"]["d_model"]] == r["config"]["lr"]
+             else "", f"{r['train_time_s']:.0f}"] for r in sorted(records, key=key)]
+    return markdown(["model", "d", "lr", "valid accuracy after each epoch", "valid acc",
+                     "test acc", "ended", "chosen", "training s"], rows)
+
+
+EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)
+
+
+def epochs_table(name="fig2_epochs"):
+    """The 64-epoch runs (fig2_epochs): test accuracy after some epochs (EPOCHS_SHOWN), at the
+    end, Figure 2's value (N = 64), and the time."""
+    records = load_records(f"results/{name}")
+    key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"])
+    rows = []
+    for r in sorted(records, key=key):
+        c, test = r["config"], epoch_scores(r, "test_acc")
+        paper = dict(paper_points("fig2", c["label"], 64)).get(c["d_model"])
+        rows.append([c["label"], c["d_model"], f"{c['lr']:g}", f"{max(test):g}", ENDED[r["ended"]],
+                     " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
+                     acc_text(r["test_acc"]), acc_text(r["valid_acc"]),
+                     "–" if paper is None else f"{paper:.2f}",
+                     f"{r['train_time_s'] / 3600:.1f}"])
+    return markdown(["model", "d", "lr", "epochs", "ended", "test accuracy after epoch "
+                     + ", ".join(map(str, EPOCHS_SHOWN)), "test acc", "valid acc",
+                     "Figure 2", "training h"], rows)
+
+
+def plot_epochs(name="fig2_epochs"):
+    """results/<name>.png: test accuracy after every epoch against training examples seen, one
+    line per run, Figure 2's value (N = 64, after its 64 epochs) as a dotted line in the
+    run's colour. Returns the path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
+                         f"(python train.py --sweep={name})")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, r in enumerate(sorted(records, key=lambda r: (r["config"]["label"],
+                                                         r["config"]["d_model"]))):
+        c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+        label = f"{c.label}, d = {c.d_model}, lr {c.lr:g}"
+        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=f"C{i}",
+                marker="o", ms=2.5, label=label)
+        paper = dict(paper_points("fig2", c.label, 64)).get(c.d_model)
+        if paper is not None:
+            ax.axhline(paper, color=f"C{i}", ls=":", lw=1.2)
+            ax.annotate(f"Figure 2: {paper:.2f}", (64 * c.num_train / 1e6, paper), fontsize=7,
+                        color=f"C{i}", ha="right", va="bottom")
+    ax.set(xlabel="training examples seen (millions; 0.1M per epoch)", ylabel="test accuracy",
+           ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01),
+           title="Figure 2 at N = 64 on the paper's budget (--preset=figure2)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = f"results/{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+EPOCH_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table}     # --table=NAME
 
 
 # ----------------------------------------------------------------------------------------
@@ -1916,6 +2005,9 @@ def main(argv):
                              "sweep's settings are its grid (SWEEPS in train.py)")
         if "--table" in flags:
             print(markdown_table(flags["--table"]))
+            return 0
+        if flags.get("--plot") == "fig2_epochs":
+            print(f"{epochs_table()}\nwrote {plot_epochs()}")
             return 0
         if "--plot" in flags:
             _, paths = plot_sweep(flags["--plot"])
