@@ -1853,8 +1853,10 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     script = tmp_path / "sweep.py"
     script.write_text(WORKERS_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    # started as a shell starts a job in the background: ignoring SIGINT
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     folder = tmp_path / "results" / "tiny"
     deadline = time.time() + 120
     while len(list(folder.glob("*.ckpt"))) < 2 and time.time() < deadline:

@@ -1125,11 +1125,15 @@ def run_in_processes(runs, workers, desc, total=None):
     bar counts finished runs out of `total` (the whole sweep). A run's output goes to a .log
     beside its record, kept only if it fails. Ctrl-C (or SIGINT to this process) is passed to
     every running run, which checkpoints and stops (train), and then raises
-    KeyboardInterrupt here; a run that fails is named with its log, the others go on."""
+    KeyboardInterrupt here, as does a run stopped by a SIGINT of its own; a run that fails
+    is named with its log, the others go on."""
     total = total or len(runs)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // workers))}
     pending, running, failed = list(runs), {}, []
     bar = tqdm(total=total, initial=total - len(runs), desc=desc, unit="run")
+    # SIGINT stops the sweep, also where a shell started it in the background (ignoring it)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -1144,9 +1148,11 @@ def run_in_processes(runs, workers, desc, total=None):
             time.sleep(0.1)
             for proc in [p for p in running if p.poll() is not None]:
                 log = running.pop(proc)
-                if proc.returncode == 0:
+                if proc.returncode in (0, 130):
                     log.unlink()
-                else:
+                if proc.returncode == 130:       # a run stopped by SIGINT: stop them all
+                    raise KeyboardInterrupt
+                if proc.returncode:
                     failed.append(log)
                     tqdm.write(f"a run failed (exit code {proc.returncode}); its output: {log}")
                 bar.update(1)
@@ -1159,6 +1165,8 @@ def run_in_processes(runs, workers, desc, total=None):
         raise
     finally:
         bar.close()
+        if main:
+            signal.signal(signal.SIGINT, previous)
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed; their output: "
                            + ", ".join(map(str, failed)))
