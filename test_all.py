@@ -1943,24 +1943,27 @@ def test_device_auto_picks_cuda_then_mps_then_cpu_and_mps_refuses_what_it_lacks(
 def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_epoch(
         tmp_path, monkeypatch):
     """fig2_pilot: of two lrs the one with the better validation accuracy is marked chosen,
-    though its test accuracy is worse. fig2_epochs: the test accuracy after the epochs of
+    though its test accuracy is worse; of two within PILOT_TIE of each other, the one with
+    the lower validation loss. fig2_epochs: the test accuracy after the epochs of
     EPOCHS_SHOWN that ran, Figure 2's value beside it, and the figure is drawn."""
     monkeypatch.chdir(tmp_path)
     epoch = math.ceil(100_000 / 512)
-    def record(folder, lr, valid, test, epochs, d=64):
+    def record(folder, lr, valid, test, epochs, d=64, loss=1.0):
         c = train.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
                               d_model=d, out_dir=f"results/{folder}", progress=False)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
                     "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
         train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
-                           "history": history, "steps": epochs * epoch,
+                           "history": history, "steps": epochs * epoch, "valid_loss": loss,
                            "train_time_s": 7200.0}, train.record_path(c))
     record("fig2_pilot", 1e-2, valid=0.4, test=0.9, epochs=3)
     record("fig2_pilot", 2.15e-3, valid=0.5, test=0.3, epochs=3)
-    rows = train.markdown_table("fig2_pilot").splitlines()[2:]
-    assert [(row.split(" | ")[2], row.split(" | ")[7]) for row in rows] == [
-        ("0.00215", "✓"), ("0.01", "")]
-    assert rows[0].split(" | ")[3] == ".167 .333 .500"
+    chosen = lambda: [(row.split(" | ")[2], row.split(" | ")[8])
+                      for row in train.markdown_table("fig2_pilot").splitlines()[2:]]
+    assert chosen() == [("0.00215", "✓"), ("0.01", "")]
+    assert train.markdown_table("fig2_pilot").splitlines()[2].split(" | ")[3] == ".167 .333 .500"
+    record("fig2_pilot", 4.64e-4, valid=0.495, test=0.1, epochs=3, loss=0.9)    # a tie
+    assert chosen() == [("0.000464", "✓"), ("0.00215", ""), ("0.01", "")]
     record("fig2_epochs", 2.15e-3, valid=0.8, test=0.6, epochs=10, d=128)
     [row] = train.markdown_table("fig2_epochs").splitlines()[2:]
     cells = row.strip("| ").split(" | ")
@@ -2405,14 +2408,32 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
 
 
+def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
+    """Batches of 7 rows (the last one ragged) weigh each position once: the whole split's
+    mean, and the same accuracy as without the loss."""
+    c = small_config()
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).eval()
+    x, y = multiquery_ar(40, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=3)
+    acc, loss = train.evaluate(model, x, y, batch_size=7, with_loss=True)
+    with torch.no_grad():
+        whole, correct, n = train.labelled_loss(model, x, y)
+    assert math.isclose(loss, whole.item(), rel_tol=1e-5) and acc == correct.item() / n
+    assert train.evaluate(model, x, y, batch_size=7) == acc
+
+def scoring(score):
+    """A stand-in for train.evaluate that scores the inputs x as score(x) (loss 0)."""
+    return lambda m, x, y, with_loss=False: (score(x), 0.0) if with_loss else score(x)
+
+
 def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, monkeypatch):
     """eval_probe=16: each evaluation scores the first 16 validation and 16 test examples,
     both whole splits (48 and 64) only where the validation probe passes target_acc, and on
     the final step; the record's scores are the final evaluation's."""
     sizes = []
     evaluate = train.evaluate
-    monkeypatch.setattr(train, "evaluate", lambda m, x, y: sizes.append(len(x)) or
-                        evaluate(m, x, y))
+    monkeypatch.setattr(train, "evaluate", lambda m, x, y, **kw: sizes.append(len(x)) or
+                        evaluate(m, x, y, **kw))
     r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
                                  out_dir=str(tmp_path)))
     assert sizes == [16, 16, 16, 16, 48, 64] and r["ended"] == "max_steps", "whole at the end"
@@ -2422,7 +2443,7 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
     assert (r["test_acc"], r["valid_acc"]) == (r["history"][-1]["test_acc"],
                                                r["history"][-1]["valid_acc"])
     sizes.clear()                                      # a probe that passes: the whole splits
-    monkeypatch.setattr(train, "evaluate", lambda m, x, y: sizes.append(len(x)) or 1.0)
+    monkeypatch.setattr(train, "evaluate", scoring(lambda x: sizes.append(len(x)) or 1.0))
     r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
                                  out_dir=str(tmp_path)))
     assert r["ended"] == "target_reached" and r["steps"] == 4 and sizes == [16, 48, 64]
@@ -2437,12 +2458,12 @@ def test_early_stopping_reads_the_validation_split_never_the_test_split(tmp_path
     is_test = lambda x: len(x) == len(x_test) and torch.equal(x, x_test)
     for test_score, valid_score, ended, steps in [(1.0, 0.5, "max_steps", 12),
                                                   (0.5, 1.0, "target_reached", 4)]:
-        monkeypatch.setattr(train, "evaluate", lambda m, x, y: test_score if is_test(x)
-                            else valid_score)
+        monkeypatch.setattr(train, "evaluate", scoring(lambda x: test_score if is_test(x)
+                                                       else valid_score))
         r = train.train(c)
         assert (r["ended"], r["steps"], r["test_acc"], r["valid_acc"]) == (
             ended, steps, test_score, valid_score)
-    monkeypatch.setattr(train, "evaluate", lambda m, x, y: 1.0)
+    monkeypatch.setattr(train, "evaluate", scoring(lambda x: 1.0))
     r = train.train(dataclasses.replace(c, num_valid=0))
     assert r["ended"] == "max_steps" and "valid_acc" not in r
     assert all("valid_acc" not in h and h["test_acc"] == 1.0 for h in r["history"])
@@ -2456,7 +2477,8 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
     loss, evaluate = train.labelled_loss, train.evaluate
     monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
         trained.append(x) if m.training else None) or loss(m, x, y))
-    monkeypatch.setattr(train, "evaluate", lambda m, x, y: scored.append(x) or evaluate(m, x, y))
+    monkeypatch.setattr(train, "evaluate",
+                        lambda m, x, y, **kw: scored.append(x) or evaluate(m, x, y, **kw))
     c = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,
                      num_valid=32, out_dir=str(tmp_path))
     record = train.train(c)                         # probes at step 2, the whole splits at 4

@@ -561,17 +561,18 @@ def full_logits_loss(model, inputs, labels):
 
 
 @torch.no_grad()
-def evaluate(model, inputs, labels, batch_size=None):
-    """Accuracy over all labelled positions: argmax over the whole vocabulary == label.
+def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
+    """Accuracy over all labelled positions: argmax over the whole vocabulary == label; with
+    `with_loss`, (accuracy, mean cross-entropy over those positions).
     batch_size: rows per forward, by default 2^14 positions' worth (256 rows at T = 64)."""
     batch_size = batch_size or max(1, 2 ** 14 // inputs.shape[1])
     model.eval()
-    correct = total = 0
+    correct = total = loss_sum = 0
     for i in range(0, len(inputs), batch_size):
-        _, c, n = labelled_loss(model, inputs[i:i + batch_size], labels[i:i + batch_size])
-        correct, total = correct + int(c), total + n
+        loss, c, n = labelled_loss(model, inputs[i:i + batch_size], labels[i:i + batch_size])
+        correct, total, loss_sum = correct + int(c), total + n, loss_sum + loss.item() * n
     model.train()
-    return correct / total
+    return (correct / total, loss_sum / total) if with_loss else correct / total
 
 
 def evaluation(model, valid, test, config, final=False):
@@ -579,8 +580,8 @@ def evaluation(model, valid, test, config, final=False):
     (inputs, labels) pair.
 
     The validation split decides: its first eval_probe examples are scored ("valid_probe"),
-    and only if they pass target_acc the whole split ("valid_acc"), which the stopping rule
-    reads. The probe saves most evaluations their cost (a whole split of 1,000 examples is
+    and only if they pass target_acc the whole split ("valid_acc", with its mean
+    cross-entropy "valid_loss"), which the stopping rule reads. The probe saves most evaluations their cost (a whole split of 1,000 examples is
     2x a probe of 500). The test split is scored alike, its first eval_probe examples
     ("test_probe") beside a validation probe and the whole split ("test_acc") beside a whole
     validation score and on the final step, for the record and the curves: no decision reads
@@ -596,7 +597,7 @@ def evaluation(model, valid, test, config, final=False):
             scores["valid_probe"] = evaluate(model, *(x[:c.eval_probe] for x in valid))
             whole = scores["valid_probe"] > c.target_acc
         if whole:
-            scores["valid_acc"] = evaluate(model, *valid)
+            scores["valid_acc"], scores["valid_loss"] = evaluate(model, *valid, with_loss=True)
     if whole or not probe(test):
         scores["test_acc"] = evaluate(model, *test)
     else:
@@ -828,6 +829,8 @@ def train(config):
     }
     if "valid_acc" in final:
         record["valid_acc"] = final["valid_acc"]
+    if "valid_loss" in final:
+        record["valid_loss"] = final["valid_loss"]
     if run["resumed"]:
         record["resumed"] = run["resumed"]     # where it continued, and what ran it there
     if c.save_model:                       # the weights first: a record means they are there
@@ -1856,20 +1859,40 @@ def epoch_scores(record, key):
     return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
 
 
+PILOT_TIE = 0.01
+
+
+def pilot_choice(records):
+    """{(label, d): lr}: the pilot's learning rate for each model and width, read off the
+    validation split only. The best validation accuracy at the pilot's end; where other
+    rates come within PILOT_TIE of it (a plateau, such as BaseConv's 0.25 of one value in D
+    = 4, where accuracy cannot tell rates apart), the lowest validation loss among them."""
+    by_cell = {}
+    for r in records:
+        by_cell.setdefault((r["config"]["label"], r["config"]["d_model"]), []).append(r)
+    choice = {}
+    for cell, runs in by_cell.items():
+        best = max(r["valid_acc"] for r in runs)
+        tied = [r for r in runs if r["valid_acc"] >= best - PILOT_TIE]
+        choice[cell] = min(tied, key=lambda r: r["valid_loss"])["config"]["lr"]
+    return choice
+
+
 def pilot_table(name="fig2_pilot"):
-    """The pilot (fig2_pilot): one row per run, its validation accuracy after each epoch, and
-    which lr each (model, d) chose: the best mean validation accuracy (cells)."""
+    """The pilot (fig2_pilot): one row per run, its validation accuracy after each epoch and
+    its final validation loss, and which lr each (model, d) chose (pilot_choice)."""
     records = load_records(f"results/{name}")
-    chosen = {(r["label"], r["d_model"]): r["lr"] for r in cells(records)}
+    chosen = pilot_choice(records)
     key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"],
                      r["config"]["lr"])
     rows = [[r["config"]["label"], r["config"]["d_model"], f"{r['config']['lr']:g}",
              " ".join(acc_text(v) for v in epoch_scores(r, "valid_acc").values()),
-             acc_text(r["valid_acc"]), acc_text(r["test_acc"]), ENDED[r["ended"]],
+             acc_text(r["valid_acc"]), f"{r['valid_loss']:.3f}", acc_text(r["test_acc"]),
+             ENDED[r["ended"]],
              "✓" if chosen[r["config"]["label"], r["config"]["d_model"]] == r["config"]["lr"]
              else "", f"{r['train_time_s']:.0f}"] for r in sorted(records, key=key)]
     return markdown(["model", "d", "lr", "valid accuracy after each epoch", "valid acc",
-                     "test acc", "ended", "chosen", "training s"], rows)
+                     "valid loss", "test acc", "ended", "chosen", "training s"], rows)
 
 
 EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)
