@@ -210,6 +210,15 @@ def multiquery_ar_per_example(num_examples, vocab_size=8192, seq_len=64, num_kv_
     return torch.from_numpy(inputs), torch.from_numpy(labels)
 
 
+def query_key_positions(inputs, labels):
+    """Where each query of MQAR examples is and where its key is: (q, k), two 1-D int64
+    tensors with one entry per labelled position, example by example. k is the first
+    position holding the query's token (its key in the context: the filler never equals a
+    key, and `random_non_queries` tokens avoid the example's keys)."""
+    b, q = (labels != IGNORE).nonzero(as_tuple=True)
+    k = (inputs[b] == inputs[b, q][:, None]).int().argmax(dim=1)      # the first occurrence
+    return q, k
+
 # ----------------------------------------------------------------------------------------
 # the older single-query AR task (Section 3), for contrast
 

@@ -1972,6 +1972,38 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     assert train.main(["--plot=fig2_epochs"]) == 0 and (tmp_path / "results/fig2_epochs.png").exists()
 
 
+@pytest.mark.parametrize("mixer", ["sliding_window:window=3", "blocked_attention:block_size=4",
+                                   "short_conv:kernel_size=2,sliding_window:window=4",
+                                   "attention", "sliding_window:window=3,attention"])
+def test_reachable_is_where_a_models_output_depends_on_the_key(mixer):
+    """The bound of `reachable` is exact for the model: the final hidden state at q has a
+    nonzero gradient with respect to the embedding at k < q iff reachable(q, k)."""
+    c = small_config(mixer=mixer, seq_len=16, d_model=16, n_layers=2)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).double()
+    embedded = []
+    model.embed.register_forward_hook(
+        lambda m, i, out: embedded.append(out.detach().requires_grad_()) or embedded[-1])
+    hidden = model(torch.randint(1, c.vocab_size, (1, 16)))
+    w = torch.randn(16, dtype=torch.float64)       # a LayerNorm's output sums to a constant
+    q, k = torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij")
+    lower = k < q
+    depends = torch.stack([torch.autograd.grad(hidden[0, i] @ w, embedded[0],
+                                               retain_graph=True)[0][0].abs().sum(-1) > 0
+                           for i in range(16)])
+    assert torch.equal(depends[lower], train.reachable(c, q, k)[lower])
+    assert 0 < depends[lower].sum() <= lower.sum()
+
+
+def test_query_key_positions_find_each_querys_key():
+    """Key i sits at 2i and its query at a labelled position holding the same token."""
+    x, y = multiquery_ar(200, 64, 32, 4, power_a=0.1, seed=1)
+    q, k = mqar.query_key_positions(x, y)
+    assert len(q) == 200 * 4 and torch.all(k % 2 == 0) and torch.all(k < 8)
+    b = (y != IGNORE).nonzero()[:, 0]
+    assert torch.equal(x[b, q], x[b, k]) and torch.equal(y[b, q], x[b, k + 1])
+
+
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",

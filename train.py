@@ -1349,6 +1349,37 @@ def paper_points(sweep, label, seq_len):
     return list(zip((64, 128, 256, 512), values))
 
 
+def reachable(config, q, k):
+    """Whether the layers of `config` can bring the key at position k to the query at
+    position q (tensors, as mqar.query_key_positions gives them): the queries a model can
+    answer at all, so their fraction bounds its MQAR accuracy (Figure 6's windows).
+
+    A row of sliding_window:window=w reads itself and the w - 1 rows before it, and a
+    causal filter of kernel_size K (short_conv, a short base_conv) the K - 1 before it, so a
+    stack of such layers reaches the sum of those back. Blocked attention never moves
+    anything across a block, in any number of layers. Any other layer (attention, a long
+    filter, a recurrence) reads the whole prefix, and so does a stack with one.
+    """
+    option = lambda name, kwargs, key: kwargs.get(
+        key, inspect.signature(MIXERS[name]).parameters[key].default)
+    reach, blocks = 0, set()
+    for name, kwargs in parse_layers(config.mixer, config.n_layers):
+        if name == "sliding_window":
+            reach += option(name, kwargs, "window") - 1
+        elif name == "short_conv" or (name == "base_conv" and kwargs.get("kernel_size")):
+            reach += option(name, kwargs, "kernel_size") - 1
+        elif name == "blocked_attention":
+            blocks.add(option(name, kwargs, "block_size"))
+        else:
+            return torch.ones_like(q, dtype=torch.bool)
+    if not blocks:
+        return q - k <= reach
+    if reach or len(blocks) > 1:
+        raise ValueError(f"mixer={config.mixer!r} is not allowed: the reach of blocked "
+                         "attention beside other windows or block sizes is not computed")
+    b = blocks.pop()
+    return q // b == k // b
+
 def state_size(config):
     """Numbers of recurrent state per example after seq_len tokens, over every layer."""
     with torch.random.fork_rng(devices=[]):
