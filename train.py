@@ -78,7 +78,8 @@ from tqdm import tqdm
 
 from mixers import MIXERS, check_choice, check_positive
 from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, bigram_recall_sequences,
-                  corpus_streams, multiquery_ar, scaled_threshold, sliced_perplexity)
+                  corpus_streams, multiquery_ar, query_key_positions, scaled_threshold,
+                  sliced_perplexity)
 
 
 # ----------------------------------------------------------------------------------------
@@ -687,11 +688,15 @@ def make_data(config):
     c = config
     if c.task == "lm":
         return lm_data(c)
-    args = dict(vocab_size=c.vocab_size, seq_len=c.seq_len, num_kv_pairs=c.num_kv_pairs,
-                power_a=c.power_a)
-    return (multiquery_ar(c.num_train, seed=2 * c.seed, **args),
-            multiquery_ar(c.num_test, seed=2 * c.seed + 1, **args),
-            multiquery_ar(c.num_valid, seed=2**32 + c.seed, **args))
+    return mqar_split(c, "train"), mqar_split(c, "test"), mqar_split(c, "valid")
+
+
+def mqar_split(config, split):
+    """One MQAR split of `config` ("train", "test" or "valid"): make_data says its seed."""
+    c = config
+    n, seed = {"train": (c.num_train, 2 * c.seed), "test": (c.num_test, 2 * c.seed + 1),
+               "valid": (c.num_valid, 2**32 + c.seed)}[split]
+    return multiquery_ar(n, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=seed)
 
 
 def lm_data(config):
@@ -1380,6 +1385,13 @@ def reachable(config, q, k):
     b = blocks.pop()
     return q // b == k // b
 
+def reach_bound(config):
+    """The share of the test split's queries that a model of `config` can reach at all
+    (reachable): the best test accuracy it can have, but for guesses."""
+    q, k = query_key_positions(*mqar_split(config, "test"))
+    return reachable(config, q, k).double().mean().item()
+
+
 def state_size(config):
     """Numbers of recurrent state per example after seq_len tokens, over every layer."""
     with torch.random.fork_rng(devices=[]):
@@ -1782,6 +1794,8 @@ def cells_table(name):
     header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
     if name == "fig2":
         header.append("the paper (N = 64)")
+    if name == "fig6":
+        header.append("reachable")
     table = []
     for r in rows:
         half = "" if math.isnan(r["interval"]) else f" ± {r['interval']:.3f}"
@@ -1792,6 +1806,9 @@ def cells_table(name):
         if name == "fig2":
             paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
             row.append("" if paper is None else f"{paper:.2f}")
+        if name == "fig6":
+            bounds = [reach_bound(Config(**run["config"])) for run in runs]
+            row.append(f"{sum(bounds) / len(bounds):.3f}")
         table.append(row)
     return markdown(header, table)
 
