@@ -24,10 +24,12 @@ Usage:
   python train.py --preset=figure2 --mixer=base_conv --budget_steps=2000
                                       a Figure 2 run, stopped after a CPU budget
   python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2,
-                                      every_mixer) at scale cpu or paper; records in
-                                      results/<sweep>/,
-                                      finished runs skipped; --dry_run prints the runs'
-                                      command lines instead (for Slurm, xargs -P, ...)
+                                      every_mixer, fig2_pilot, fig2_epochs) at scale cpu
+                                      or paper; records in results/<sweep>/, finished
+                                      runs skipped, unfinished ones continued;
+                                      --workers=K runs K at once; --launcher=slurm submits
+                                      them through submitit (submit_sweep); --dry_run
+                                      prints their command lines instead (xargs -P, ...)
   python train.py --plot=fig2         the table of its cells, results/fig2.png and
                                       results/fig2_state.png
   python train.py --table=fig2        the README's Markdown table of results/fig2 (a sweep,
@@ -44,7 +46,8 @@ Usage:
 Every run writes one JSON record (its config, history, test and validation accuracy, steps,
 times, how it ended, and what produced it: git commit, torch, device, threads) to `out_dir`
 as soon as it ends, atomically, named by the settings that differ from the defaults
-(identity); run again, a finished run is not retrained (the main job always trains).
+(identity); run again, a finished run is not retrained (the main job always trains), and an
+unfinished one continues exactly from its last checkpoint (train).
 
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
