@@ -1887,8 +1887,8 @@ def markdown_table(name):
     folder, _, part = name.partition(":")
     if folder in PLOT_AXES:
         return cells_table(folder)
-    if folder in EPOCH_TABLES:
-        return EPOCH_TABLES[folder](folder)
+    if folder in FOLDER_TABLES:
+        return FOLDER_TABLES[folder](folder)
     if folder in RUN_TABLES:
         return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
     if lm_outputs(f"results/{folder}")[0].exists():
@@ -1896,7 +1896,7 @@ def markdown_table(name):
         check_choice("table part", part, tuple(tables))
         return tables[part]
     raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
-                     f"a folder of runs ({', '.join([*RUN_TABLES, *EPOCH_TABLES])}) or an LM "
+                     f"a folder of runs ({', '.join([*RUN_TABLES, *FOLDER_TABLES])}) or an LM "
                      "experiment with "
                      "its summary in results/ (lm, lm:thresholds, lm:appendix_g)")
 
@@ -2002,7 +2002,7 @@ def plot_epochs(name="fig2_epochs"):
     return path
 
 
-EPOCH_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table}     # --table=NAME
+FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table}     # --table=NAME
 
 
 # ----------------------------------------------------------------------------------------
