@@ -1780,47 +1780,67 @@ RESUME_ARGS = ["--seq_len=16", "--num_kv_pairs=2", "--vocab_size=64", "--d_model
                "--eval_every=6", "--target_acc=1.0", "--save_model=true", "--progress=false"]
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
-def test_a_killed_run_resumes_exactly(tmp_path, how):
-    """40 steps straight, and 20 steps + a kill + the same command again, give bit-identical
-    weights, history and scores. The kill lands mid-epoch (step 20 of epochs of 13) after a
-    checkpoint: SIGKILL right after it; SIGINT (Ctrl-C) finishes step 21 and checkpoints it
-    then. The checkpoint is gone once the record is written."""
+def test_a_killed_run_resumes_exactly(tmp_path):
+    """40 steps straight, and a run killed after the checkpoint of step 20 (mid-epoch, epochs
+    of 13 steps) or 26 (an epoch's end) and run again with the same command, give
+    bit-identical weights, history and scores: SIGKILL right after the checkpoint; SIGINT
+    (Ctrl-C) finishes the step in flight and checkpoints it (so 25 ends at 26). The resumed
+    record counts the training seconds of both segments, the checkpoint is gone once the
+    record is written, and a checkpoint of another device is refused."""
     script = tmp_path / "run.py"
     script.write_text(KILL_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    def run(signal_name, out_dir, *extra):
-        return subprocess.run([sys.executable, str(script), signal_name, "20", *RESUME_ARGS,
-                               f"--out_dir={out_dir}", *extra], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)
-    straight = run("none", tmp_path / "straight", "--checkpoint_every=1e-9")
+    def run(signal_name, kill_at, out_dir, *extra):
+        return subprocess.run([sys.executable, str(script), signal_name, str(kill_at),
+                               *RESUME_ARGS, f"--out_dir={out_dir}", *extra], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)
+    # a checkpoint after every step (checkpoint_every: a nanosecond), so that one is at each
+    straight = run("none", 0, tmp_path / "straight", "--checkpoint_every=1e-9")
     assert straight.returncode == 0, straight.stderr[-2000:]
-    # a checkpoint after every step (checkpoint_every: a nanosecond), so that one is at 20
-    killed = run(how, tmp_path / "killed", "--checkpoint_every=1e-9")
-    [checkpoint] = (tmp_path / "killed").glob("*.ckpt")
-    if how == "SIGKILL":
-        assert killed.returncode == -9 and not list((tmp_path / "killed").glob("*.json"))
-    else:
-        assert killed.returncode == 130, killed.stderr[-2000:]
-        [record] = (tmp_path / "killed").glob("*.json")
-        assert json.loads(record.read_text())["ended"] == "interrupted"
-    assert torch.load(checkpoint, weights_only=True)["run"]["step"] == (
-        20 if how == "SIGKILL" else 21)
-    resumed = run("none", tmp_path / "killed")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert not list((tmp_path / "killed").glob("*.ckpt"))
-    [a], [b] = ((tmp_path / d).glob("*.json") for d in ("straight", "killed"))
-    a, b = json.loads(a.read_text()), json.loads(b.read_text())
-    assert [r["step"] for r in b["resumed"]] == [20 if how == "SIGKILL" else 21]
+    [a] = (tmp_path / "straight").glob("*.json")
+    a = json.loads(a.read_text())
     # training seconds count each one once, however many checkpoints (40 here)
     assert a["history"][-1]["seconds"] <= a["train_time_s"] <= a["wall_time_s"]
     drop = lambda h: [{k: v for k, v in e.items() if k != "seconds"} for e in h]
-    assert drop(a["history"]) == drop(b["history"]) and len(a["history"]) == 7
-    assert (a["steps"], a["test_acc"], a["valid_acc"]) == (b["steps"], b["test_acc"],
-                                                           b["valid_acc"])
-    wa, wb = (torch.load(next((tmp_path / d).glob("*.pt")), weights_only=True)
-              for d in ("straight", "killed"))
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    wa = torch.load(next((tmp_path / "straight").glob("*.pt")), weights_only=True)
+    for how, kill_at, stopped_at in (("SIGKILL", 20, 20), ("SIGKILL", 26, 26),
+                                     ("SIGINT", 20, 21), ("SIGINT", 25, 26)):
+        folder = tmp_path / f"{how}{kill_at}"
+        killed = run(how, kill_at, folder, "--checkpoint_every=1e-9")
+        [checkpoint] = folder.glob("*.ckpt")
+        if how == "SIGKILL":
+            assert killed.returncode == -9 and not list(folder.glob("*.json"))
+        else:
+            assert killed.returncode == 130, killed.stderr[-2000:]
+            [record] = folder.glob("*.json")
+            assert json.loads(record.read_text())["ended"] == "interrupted"
+        state = torch.load(checkpoint, weights_only=True)
+        assert state["run"]["step"] == stopped_at
+        resumed = run("none", 0, folder)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert not list(folder.glob("*.ckpt"))
+        [b] = folder.glob("*.json")
+        b = json.loads(b.read_text())
+        assert [r["step"] for r in b["resumed"]] == [stopped_at]
+        assert b["train_time_s"] > state["run"]["train_time"]
+        assert drop(a["history"]) == drop(b["history"]) and len(a["history"]) == 7
+        assert (a["steps"], a["test_acc"], a["valid_acc"]) == (b["steps"], b["test_acc"],
+                                                               b["valid_acc"])
+        wb = torch.load(next(folder.glob("*.pt")), weights_only=True)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), (how, kill_at)
+    # Ctrl-C during the last step: the run is finished and recorded, and still stops its
+    # caller (exit 130)
+    last = run("SIGINT", 39, tmp_path / "last", "--checkpoint_every=1e-9")
+    [record] = (tmp_path / "last").glob("*.json")
+    assert last.returncode == 130 and json.loads(record.read_text())["ended"] == "max_steps"
+    assert not list((tmp_path / "last").glob("*.ckpt"))
+    # a checkpoint written on another device
+    moved = run("SIGKILL", 20, tmp_path / "moved", "--checkpoint_every=1e-9")
+    [checkpoint] = (tmp_path / "moved").glob("*.ckpt")
+    state = torch.load(checkpoint, weights_only=True)
+    torch.save({**state, "device": "cuda"}, checkpoint)
+    out = run("none", 0, tmp_path / "moved")
+    assert out.returncode != 0 and "was written on cuda and this run is on cpu" in out.stderr
 
 
 def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
@@ -1878,6 +1898,19 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     assert "resumed" not in records[2] and not list(folder.glob("*.ckpt"))
 
 
+def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
+    """A run that fails keeps its log and is named in SweepFailed; the others run to the
+    end and leave no log. (train.py replaced by a script that fails for seed 1.)"""
+    script = tmp_path / "fake_train.py"
+    script.write_text("import sys\nprint('ran', sys.argv[1:])\n"
+                      "sys.exit(3 if '--seed=1' in sys.argv else 0)\n")
+    monkeypatch.setattr(train, "__file__", str(script))
+    runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(3)]
+    with pytest.raises(train.SweepFailed, match=r"1 of 3 runs failed; .*-s1-.*\.log"):
+        train.run_in_processes(runs, 2, "test")
+    [log] = tmp_path.glob("*.log")
+    assert "-s1-" in log.name and "ran" in log.read_text()
+
 def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path, monkeypatch):
     """submit_sweep with submitit's LocalExecutor (real processes, no Slurm): a job array of
     the sweep's runs; one job is cancelled mid-run (submitit sends SIGINT, then SIGKILL);
@@ -1891,7 +1924,9 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
     monkeypatch.setitem(train.SWEEPS, "tiny", {"cpu": [dict(tiny, seed=[0], max_steps=[20]),
                                                        dict(tiny, seed=[1], max_steps=[3000])]})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
     short, long = train.submit_sweep("tiny", "cpu", cluster="local", time_min=10)
+    assert os.environ["PYTHONPATH"] == "elsewhere"           # given back after submitting
     folder = tmp_path / "results" / "tiny"
     deadline = time.time() + 120
     while not list(folder.glob("*s1-*.ckpt")) and time.time() < deadline:

@@ -332,7 +332,7 @@ def check_config(config):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
     for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
-                "num_valid"):
+                "num_valid", "checkpoint_every"):
         if not getattr(c, key) >= 0:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 0")
     for key in ("beta2", "dropout"):
@@ -354,7 +354,8 @@ def check_config(config):
         raise ValueError("device='mps' is not allowed: this machine or torch build has no "
                          "Apple GPU (MPS); use --device=cpu or --device=auto")
     if resolve_device(c.device).type == "mps" and (c.amp or c.compile):
-        raise ValueError(f"amp={c.amp} with compile={c.compile!r} is not allowed on 'mps': "
+        raise ValueError(f"amp={c.amp} with compile={c.compile!r} is not allowed on 'mps' "
+                         f"(device={c.device!r}): "
                          "bfloat16 autocast and torch.compile are checked on CUDA only; run "
                          "without them there (--amp=false --compile=)")
     check_choice("task", c.task, TASKS)
@@ -585,8 +586,8 @@ def evaluation(model, valid, test, config, final=False):
 
     The validation split decides: its first eval_probe examples are scored ("valid_probe"),
     and only if they pass target_acc the whole split ("valid_acc", with its mean
-    cross-entropy "valid_loss"), which the stopping rule reads. The probe saves most evaluations their cost (a whole split of 1,000 examples is
-    2x a probe of 500). The test split is scored alike, its first eval_probe examples
+    cross-entropy "valid_loss"), which the stopping rule reads. The probe saves most
+    evaluations their cost (a whole split of 1,000 examples is 2x a probe of 500). The test split is scored alike, its first eval_probe examples
     ("test_probe") beside a validation probe and the whole split ("test_acc") beside a whole
     validation score and on the final step, for the record and the curves: no decision reads
     it. (The official harness stops on the test accuracy; the README says why we do not.)
@@ -732,9 +733,11 @@ def train(config):
     writes a checkpoint beside its record (record_path with the suffix .ckpt: weights,
     optimizer, RNG states, step, history), atomically. Started again with the same settings,
     it continues from there exactly: the same batches, dropout masks and weights as a run
-    never stopped. The checkpoint goes once the record is written. Ctrl-C (SIGINT) ends the
-    step in flight, writes a checkpoint and a record that says "interrupted"; a second
-    Ctrl-C stops at once.
+    never stopped, on the same device type and thread count. The checkpoint goes once the
+    record is written. Ctrl-C (SIGINT) ends the step in flight, writes a checkpoint and a
+    record that says "interrupted"; a second Ctrl-C abandons the step in flight (the last
+    checkpoint stands). A Ctrl-C during the last step finishes the run and still raises
+    KeyboardInterrupt, so that the caller stops.
 
     What a GPU user expects, each a setting: the data sits on the device and batches are
     cut there; `amp` runs the training forward and loss under bfloat16 autocast (matrix
@@ -828,6 +831,7 @@ def train(config):
         last = history[-1] if history and history[-1]["step"] == step else {}
         whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
         final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
+        asked = stop_requested()       # also a Ctrl-C during the last step or evaluation
     record = {
         "schema": RECORD_SCHEMA, "config": dataclasses.asdict(c), "test_acc": final["test_acc"],
         "steps": step, "ended": ended, "train_time_s": round(train_time, 2),
@@ -849,17 +853,24 @@ def train(config):
     if ended == "interrupted":
         raise KeyboardInterrupt
     path.with_suffix(".ckpt").unlink(missing_ok=True)
+    if asked:                          # finished all the same: stop what called it
+        raise KeyboardInterrupt
     return record
 
 
 @contextlib.contextmanager
 def seeded_rng(seed, device):
-    """Seed torch's generators (CPU and `device`'s) with `seed` for the block, and give the
-    caller's states back after it."""
+    """Seed torch's CPU generator and `device`'s (cuda or mps) with `seed` for the block, and
+    give the caller's states of both back after it; no other generator is touched."""
     kind = device.type if device.type in ("cuda", "mps") else None
-    with torch.random.fork_rng(devices=[device.index or 0] if kind == "cuda" else [],
+    with torch.random.fork_rng(devices=[device.index or 0] if kind else [],
                                device_type=kind or "cuda"):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
+        if kind == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        elif kind == "mps":
+            torch.mps.manual_seed(seed)
         yield
 
 
@@ -900,19 +911,26 @@ def save_checkpoint(path, config, model, optimizer, order_state, run, device):
     optimizer, the RNG states, the batch order's generator where the current epoch's
     permutation is drawn, and `run` (step, history, training seconds so far, resumes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"identity": identity(config), "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "rng": rng_states(device),
-                "order": order_state, "run": run}, path.with_suffix(".ckpt.tmp"))
+    torch.save({"identity": identity(config), "device": device.type,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": rng_states(device), "order": order_state, "run": run},
+               path.with_suffix(".ckpt.tmp"))
     path.with_suffix(".ckpt.tmp").replace(path)
 
 
 def load_checkpoint(path, config, model, optimizer, order, device):
     """Load a checkpoint of save_checkpoint into model, optimizer, the generators and
-    `order` (the current epoch's permutation is drawn again from there); return its run."""
+    `order` (the current epoch's permutation is drawn again from there); return its run.
+    A checkpoint of another device type is refused: its random streams are not this
+    device's, so the run could not continue exactly."""
     state = torch.load(path, map_location=device, weights_only=True)
     if state["identity"] != identity(config):
         raise ValueError(f"{path} is the checkpoint of another run ({state['identity']}); "
                          "move it away to start this run afresh")
+    if state["device"] != device.type:
+        raise ValueError(f"{path} was written on {state['device']} and this run is on "
+                         f"{device.type}: continue it with --device={state['device']}, or "
+                         "move the checkpoint away to start the run afresh")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"]["cpu"].cpu())
@@ -930,6 +948,7 @@ def finished_record(config):
     path = record_path(config)
     record = json.loads(path.read_text()) if path.exists() else None
     return record if record and record["ended"] != "interrupted" else None
+
 
 def provenance(device):
     """What produced a record: the code's git commit and whether mixers.py, mqar.py or
@@ -1101,8 +1120,8 @@ def command_line(overrides):
 
 def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
-    where it stopped, each unfinished run from its checkpoint; resume=False reruns them
-    all), with a bar over runs: in this process, or in `workers` processes at once
+    where it stopped, each unfinished run from its checkpoint; resume=False trains the
+    finished runs again too), with a bar over runs: in this process, or in `workers` processes at once
     (run_in_processes). With dry_run, print one command line per run instead."""
     runs = sweep_runs(name, scale)
     if dry_run:
@@ -1130,57 +1149,65 @@ def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     return records
 
 
+class SweepFailed(RuntimeError):
+    """Runs of run_in_processes failed; their logs say why."""
+
+
 def run_in_processes(runs, workers, desc, total=None):
     """Run `runs` (Config overrides) as `python train.py --key=value ...` processes, `workers`
     at a time, each with an equal share of this process's threads (OMP_NUM_THREADS); the
     bar counts finished runs out of `total` (the whole sweep). A run's output goes to a .log
-    beside its record, kept only if it fails. Ctrl-C (or SIGINT to this process) is passed to
-    every running run, which checkpoints and stops (train), and then raises
-    KeyboardInterrupt here, as does a run stopped by a SIGINT of its own; a run that fails
-    is named with its log, the others go on."""
+    beside its record, kept only if it fails. SIGINT (Ctrl-C) or SIGTERM to this process is
+    passed on as SIGINT to every running run, which checkpoints and stops (train); no run
+    starts after it, and once they have stopped KeyboardInterrupt is raised here. A run
+    stopped by a SIGINT of its own stops the sweep alike. A run that fails is named with
+    its log, the others go on, and SweepFailed is raised at the end."""
     total = total or len(runs)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // workers))}
-    pending, running, failed = list(runs), {}, []
+    pending, running, failed, asked = list(runs), {}, [], []
     bar = tqdm(total=total, initial=total - len(runs), desc=desc, unit="run")
-    # SIGINT stops the sweep, also where a shell started it in the background (ignoring it)
+    # the signals are noted here and handled in the loop (so that none falls between
+    # starting a run and holding it), also where a shell started this in the background
+    # (which ignores SIGINT); the runs have sessions of their own, so only this hears them
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    previous = ({s: signal.signal(s, lambda signum, frame: asked.append(signum))
+                 for s in (signal.SIGINT, signal.SIGTERM)} if main else {})
+    forwarded = 0
     try:
-        while pending or running:
-            while pending and len(running) < workers:
+        while running or (pending and not asked):
+            while pending and not asked and len(running) < workers:
                 overrides = pending.pop(0)
                 log = record_path(make_config(**overrides)).with_suffix(".log")
                 log.parent.mkdir(parents=True, exist_ok=True)
                 args = [f"--{k}={v}" for k, v in overrides.items()]
-                with log.open("w") as out:     # a session of its own: Ctrl-C reaches us only
+                with log.open("w") as out:
                     running[subprocess.Popen([sys.executable, __file__, *args], stdout=out,
                                              stderr=subprocess.STDOUT, env=env,
                                              start_new_session=True)] = log
             time.sleep(0.1)
+            for _ in range(forwarded, len(asked)):     # each signal passed on once: the
+                for proc in running:                   # second stops the runs at once
+                    proc.send_signal(signal.SIGINT)
+            forwarded = len(asked)
             for proc in [p for p in running if p.poll() is not None]:
                 log = running.pop(proc)
-                if proc.returncode in (0, 130):
+                bar.update(1)
+                if proc.returncode in (0, 130):   # done, or stopped as asked: no failure
                     log.unlink()
-                if proc.returncode == 130:       # a run stopped by SIGINT: stop them all
-                    raise KeyboardInterrupt
-                if proc.returncode:
+                else:
                     failed.append(log)
                     tqdm.write(f"a run failed (exit code {proc.returncode}); its output: {log}")
-                bar.update(1)
-    except KeyboardInterrupt:
-        for proc in running:
-            proc.send_signal(signal.SIGINT)    # each checkpoints its step and stops
-        for proc, log in running.items():
-            if proc.wait() == 130:             # stopped as asked: its output is no failure
-                log.unlink()
-        raise
+                if proc.returncode == 130 and not asked:    # stopped by a SIGINT of its own:
+                    asked.append(signal.SIGINT)             # stop the others too
     finally:
         bar.close()
-        if main:
-            signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if asked:
+        raise KeyboardInterrupt
     if failed:
-        raise RuntimeError(f"{len(failed)} of {len(runs)} runs failed; their output: "
-                           + ", ".join(map(str, failed)))
+        raise SweepFailed(f"{len(failed)} of {len(runs)} runs failed; their output: "
+                          + ", ".join(map(str, failed)))
 
 
 SUBMITIT = "submitit==1.5.4"                      # the optional package, the version tested
@@ -1214,11 +1241,16 @@ def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_p
     minutes and `gpus_per_run`, `cpus_per_run` per job, at most `parallel` jobs at once (0:
     no cap). cluster="local": submitit's LocalExecutor, every job a local process at once
     (for tests). The jobs write the same records to results/NAME, from the directory this
-    is called in, and import this train.py; submitting again submits only the runs that
-    have not finished, and those continue from their checkpoints. submitit's logs go to
-    results/NAME/submitit/.
+    is called in, and import this train.py; a job that times out is requeued (by submitit,
+    up to 3 times) and continues from its checkpoint; submitting again submits only the
+    runs that have not finished, and those continue from their checkpoints too. submitit's
+    logs go to results/NAME/submitit/.
     """
     check_choice("cluster", cluster, ("slurm", "local"))
+    for key, value, low in (("time_min", time_min, 1), ("cpus_per_run", cpus_per_run, 1),
+                            ("gpus_per_run", gpus_per_run, 0), ("parallel", parallel, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"--{key}={value!r} is not allowed: it must be an integer >= {low}")
     try:
         import submitit
     except ImportError:
@@ -1226,15 +1258,25 @@ def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_p
                          f"pip install {SUBMITIT}") from None
     import train as module          # the importable module, also when this runs as __main__
     here = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [here, *filter(None, [os.environ.get("PYTHONPATH")])])      # jobs inherit it
     todo = [o for _, o in sweep_runs(name, scale) if not finished_record(make_config(**o))]
+    if not todo:
+        return []
     executor = submitit.AutoExecutor(folder=f"results/{name}/submitit/%j", cluster=cluster)
-    executor.update_parameters(timeout_min=time_min, gpus_per_node=gpus_per_run,
-                               cpus_per_task=cpus_per_run, slurm_array_parallelism=parallel or
-                               len(todo) or 1, **({"slurm_partition": partition}
-                                                  if partition else {}))
-    return executor.map_array(module.SweepJob(), todo) if todo else []
+    executor.update_parameters(
+        timeout_min=time_min, gpus_per_node=gpus_per_run or None, cpus_per_task=cpus_per_run,
+        slurm_array_parallelism=parallel or len(todo),
+        slurm_setup=[f"export PYTHONPATH={shlex.quote(here)}${{PYTHONPATH:+:$PYTHONPATH}}"],
+        **({"slurm_partition": partition} if partition else {}))
+    previous = os.environ.get("PYTHONPATH")           # the local jobs inherit it
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, previous]))
+    try:
+        return executor.map_array(module.SweepJob(), todo)
+    finally:
+        if previous is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = previous
+
 
 def load_records(folder):
     """Every run record in `folder` (none if it does not exist), one per run. A file that is
@@ -1387,6 +1429,7 @@ def reachable(config, q, k):
                          "attention beside other windows or block sizes is not computed")
     b = blocks.pop()
     return q // b == k // b
+
 
 def reach_bound(config):
     """The share of the test split's queries that a model of `config` can reach at all
@@ -2101,6 +2144,14 @@ def main(argv):
         if "--sweep" not in flags and ("--launcher" in flags or "--workers" in flags):
             raise ValueError("--launcher and --workers are not allowed without --sweep: they "
                              "say where a sweep's runs run")
+        wrong = ([f for f in ("--dry_run", "--workers") if f in flags] if "--launcher" in flags
+                 else [f for f in LAUNCHER_OPTIONS if f in flags])
+        if wrong and "--launcher" in flags:
+            raise ValueError(f"{wrong[0]} is not allowed with --launcher: the runs go to Slurm "
+                             "(--dry_run alone prints them for any other scheduler)")
+        if wrong:
+            raise ValueError(f"{wrong[0]} is not allowed without --launcher=slurm: it is an "
+                             "option of the Slurm jobs")
         if "--launcher" in flags:
             check_choice("launcher", flags["--launcher"], ("slurm",))
             options = {k[2:]: _parse_value(k[2:], v, LAUNCHER_OPTIONS[k])
@@ -2169,7 +2220,7 @@ def main(argv):
     except ValueError as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:                    # a run of --workers failed
+    except SweepFailed as e:                     # a run of --workers failed
         print(f"train.py: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:                    # Ctrl-C in a sweep
