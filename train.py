@@ -587,8 +587,8 @@ def evaluation(model, valid, test, config, final=False):
     The validation split decides: its first eval_probe examples are scored ("valid_probe"),
     and only if they pass target_acc the whole split ("valid_acc", with its mean
     cross-entropy "valid_loss"), which the stopping rule reads. The probe saves most
-    evaluations their cost (a whole split of 1,000 examples is 2x a probe of 500). The test split is scored alike, its first eval_probe examples
-    ("test_probe") beside a validation probe and the whole split ("test_acc") beside a whole
+    evaluations their cost (a whole split of 1,000 examples is 2x a probe of 500). The
+    test split is scored alike, its first eval_probe examples ("test_probe") beside a validation probe and the whole split ("test_acc") beside a whole
     validation score and on the final step, for the record and the curves: no decision reads
     it. (The official harness stops on the test accuracy; the README says why we do not.)
     Without a validation split (num_valid = 0) nothing can decide, so a run trains to the end.
@@ -1121,8 +1121,9 @@ def command_line(overrides):
 def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
     where it stopped, each unfinished run from its checkpoint; resume=False trains the
-    finished runs again too), with a bar over runs: in this process, or in `workers` processes at once
-    (run_in_processes). With dry_run, print one command line per run instead."""
+    finished runs again too), with a bar over runs: in this process, or in `workers`
+    processes at once (run_in_processes). With dry_run, print one command line per run
+    instead."""
     runs = sweep_runs(name, scale)
     if dry_run:
         for _, overrides in runs:
