@@ -585,13 +585,13 @@ def evaluation(model, valid, test, config, final=False):
     (inputs, labels) pair.
 
     The validation split decides: its first eval_probe examples are scored ("valid_probe"),
-    and only if they pass target_acc the whole split ("valid_acc", with its mean cross-
-    entropy "valid_loss"), which the stopping rule reads. The probe saves most evaluations
-    their cost (a whole split of 1,000 examples is 2x a probe of 500). The test split is
-    scored alike, its first eval_probe examples ("test_probe") beside a validation probe and
-    the whole split ("test_acc") beside a whole validation score and on the final step, for
-    the record and the curves: no decision reads it. (The official harness stops on the test
-    accuracy; the README says why we do not.)
+    and only if they pass target_acc the whole split ("valid_acc", with its mean
+    cross-entropy "valid_loss"), which the stopping rule reads. The probe saves most
+    evaluations their cost (a whole split of 1,000 examples is 2x a probe of 500). The test
+    split is scored alike, its first eval_probe examples ("test_probe") beside a validation
+    probe and the whole split ("test_acc") beside a whole validation score and on the final
+    step, for the record and the curves: no decision reads it. (The official harness stops
+    on the test accuracy; the README says why we do not.)
     Without a validation split (num_valid = 0) nothing can decide, so a run trains to the end.
     """
     c, scores = config, {}
