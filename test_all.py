@@ -2039,6 +2039,14 @@ def test_query_key_positions_find_each_querys_key():
     assert torch.equal(x[b, q], x[b, k]) and torch.equal(y[b, q], x[b, k + 1])
 
 
+
+def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
+    """FIG2_EPOCHS_LRS is pilot_choice of the committed pilot: every rate of Figure 2's four
+    for every model and width, read off the validation split."""
+    records = train.load_records(REPO / "results" / "fig2_pilot")
+    assert sorted({r["config"]["lr"] for r in records}) == list(train.PAPER_LRS)
+    assert len(records) == 12 and train.FIG2_EPOCHS_LRS == train.pilot_choice(records)
+
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",

@@ -1033,7 +1033,9 @@ PILOT_EPOCHS = 3
 FIG2_EPOCHS_GRIDS = [dict(models={"base_conv": "base_conv"}, d_model=[64, 128]),
                      dict(models={"attention": "attention"}, d_model=[64])]
 FIG2_EPOCHS = dict(preset=["figure2"], nd=[(64, 4)], seed=[0])
-FIG2_EPOCHS_LRS = {}                     # (model, d) -> the pilot's choice
+# (model, d) -> the lr the pilot chose (pilot_choice of results/fig2_pilot)
+FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3,
+                   ("attention", 64): 2.15e-3}
 SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models={"attention": "attention",
