@@ -1195,7 +1195,7 @@ def run_in_processes(runs, workers, desc, total=None):
             forwarded = len(asked)
             for proc in [p for p in running if p.poll() is not None]:
                 log = running.pop(proc)
-                bar.update(1)
+                bar.update(proc.returncode != 130)    # a stopped run is not done
                 if proc.returncode in (0, 130):   # done, or stopped as asked: no failure
                     log.unlink()
                 else:
