@@ -2514,7 +2514,7 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
     assert sizes == [16, 16, 16, 16, 48, 64] and r["ended"] == "max_steps", "whole at the end"
     assert [sorted(h) for h in r["history"]] == [
         ["loss", "seconds", "step", "test_probe", "valid_probe"]] * 2 + [
-        ["loss", "seconds", "step", "test_acc", "valid_acc"]]
+        ["loss", "seconds", "step", "test_acc", "valid_acc", "valid_loss"]]
     assert (r["test_acc"], r["valid_acc"]) == (r["history"][-1]["test_acc"],
                                                r["history"][-1]["valid_acc"])
     sizes.clear()                                      # a probe that passes: the whole splits
