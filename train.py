@@ -1374,6 +1374,39 @@ def cells(records):
     return rows
 
 
+def width_trend(points, permutations=20_000):
+    """How strong "accuracy rises with width" is over runs `points` ((d, accuracy) pairs,
+    every seed its own point): the correlation of log2 d with accuracy, and the one-sided
+    p-value of a permutation test (the accuracies shuffled over the runs, numpy seed 0):
+    the share of shuffles whose correlation is at least the observed one."""
+    x, y = np.log2([d for d, _ in points]), np.array([a for _, a in points])
+    corr = lambda acc: np.corrcoef(x, acc)[0, 1]
+    observed = corr(y)
+    rng = np.random.default_rng(0)
+    shuffled = np.array([corr(rng.permutation(y)) for _ in range(permutations)])
+    return observed, ((shuffled >= observed - 1e-12).sum() + 1) / (permutations + 1)
+
+
+def trend_table(name):
+    """`--table=NAME:trend`: for each model and N of sweep `name` with several widths at its
+    lr, the width_trend over every run (each seed a point)."""
+    rows = cells(load_records(f"results/{name}"))
+    order = model_order(name)
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["label"], r["seq_len"], r["num_kv_pairs"]), []).append(r)
+    table = []
+    for (label, N, D), cell_rows in sorted(groups.items(),
+                                           key=lambda g: (order.get(g[0][0], 0), g[0][1:])):
+        if len(cell_rows) < 2:
+            continue
+        points = [(r["d_model"], run["test_acc"]) for r in cell_rows for run in r["runs"]]
+        corr, p = width_trend(points)
+        table.append([label, N, D, " ".join(str(r["d_model"]) for r in cell_rows),
+                      len(points), f"{corr:.2f}", "< 0.0001" if p < 1e-4 else f"{p:.4f}"])
+    return markdown(["model", "N", "D", "widths d", "runs", "correlation of log d and "
+                     "accuracy", "one-sided p (permutation)"], table)
+
 # ----------------------------------------------------------------------------------------
 # figures: the paper's layout, drawn from the records in results/<sweep>/
 
@@ -1933,7 +1966,8 @@ def markdown_table(name):
     lm:appendix_g (and likewise for an LM experiment in another folder, e.g. lm_2400)."""
     folder, _, part = name.partition(":")
     if folder in PLOT_AXES:
-        return cells_table(folder)
+        check_choice("table part", part, ("", "trend"))
+        return trend_table(folder) if part == "trend" else cells_table(folder)
     if folder in FOLDER_TABLES:
         return FOLDER_TABLES[folder](folder)
     if folder in RUN_TABLES:
