@@ -1782,7 +1782,7 @@ RESUME_ARGS = ["--seq_len=16", "--num_kv_pairs=2", "--vocab_size=64", "--d_model
 
 def test_a_killed_run_resumes_exactly(tmp_path):
     """40 steps straight, and a run killed after the checkpoint of step 20 (mid-epoch, epochs
-    of 13 steps) or 26 (an epoch's end) and run again with the same command, give
+    of 13 steps) or 26 (an epoch's end), or twice, and run again with the same command, give
     bit-identical weights, history and scores: SIGKILL right after the checkpoint; SIGINT
     (Ctrl-C) finishes the step in flight and checkpoints it (so 25 ends at 26). The resumed
     record counts the training seconds of both segments, the checkpoint is gone once the
@@ -1828,6 +1828,18 @@ def test_a_killed_run_resumes_exactly(tmp_path):
                                                                b["valid_acc"])
         wb = torch.load(next(folder.glob("*.pt")), weights_only=True)
         assert all(torch.equal(wa[k], wb[k]) for k in wa), (how, kill_at)
+    # killed twice: after 20, and after 30 in the run that continued; its checkpoint then
+    # holds the first resume's provenance, and the third run reads it
+    folder = tmp_path / "twice"
+    run("SIGKILL", 20, folder, "--checkpoint_every=1e-9")
+    assert run("SIGKILL", 30, folder, "--checkpoint_every=1e-9").returncode == -9
+    assert run("none", 0, folder).returncode == 0
+    [b] = folder.glob("*.json")
+    b = json.loads(b.read_text())
+    assert [r["step"] for r in b["resumed"]] == [20, 30]
+    assert drop(a["history"]) == drop(b["history"])
+    wb = torch.load(next(folder.glob("*.pt")), weights_only=True)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
     # Ctrl-C during the last step: the run is finished and recorded, and still stops its
     # caller (exit 130)
     last = run("SIGINT", 39, tmp_path / "last", "--checkpoint_every=1e-9")

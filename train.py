@@ -962,7 +962,7 @@ def provenance(device):
         dirty = bool(git("status", "--porcelain", "--", "mixers.py", "mqar.py", "train.py"))
     except (OSError, subprocess.CalledProcessError):
         commit = dirty = None
-    return {"git_commit": commit, "git_dirty": dirty, "torch": torch.__version__,
+    return {"git_commit": commit, "git_dirty": dirty, "torch": str(torch.__version__),
             "device": str(device), "threads": torch.get_num_threads()}
 
 
