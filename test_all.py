@@ -1910,6 +1910,18 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     assert "resumed" not in records[2] and not list(folder.glob("*.ckpt"))
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--sweep=main", "--launcher=slurm", "--dry_run"], "--dry_run is not allowed with --launcher"),
+    (["--sweep=main", "--launcher=slurm", "--workers=2"], "--workers is not allowed with --launcher"),
+    (["--sweep=main", "--partition=gpu"], "--partition is not allowed without --launcher=slurm"),
+    (["--sweep=main", "--launcher=pbs"], "launcher='pbs' is not allowed"),
+    (["--sweep=main", "--launcher=slurm", "--parallel=-1"], "--parallel=-1 is not allowed"),
+    (["--sweep=main", "--dry_run", "--workers=2"], "--workers is not allowed with --dry_run"),
+    (["--workers=2"], "--launcher and --workers are not allowed without --sweep"),
+    (["--sweep=main", "--workers=0"], "workers=0 is not allowed")])
+def test_where_a_sweep_runs_refuses_options_that_would_do_nothing(args, message, capsys):
+    assert train.main(args) == 2 and message in capsys.readouterr().err
+
 def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     """A run that fails keeps its log and is named in SweepFailed; the others run to the
     end and leave no log. (train.py replaced by a script that fails for seed 1.)"""

@@ -2190,6 +2190,9 @@ def main(argv):
         if wrong:
             raise ValueError(f"{wrong[0]} is not allowed without --launcher=slurm: it is an "
                              "option of the Slurm jobs")
+        if "--dry_run" in flags and "--workers" in flags:
+            raise ValueError("--workers is not allowed with --dry_run: --dry_run runs nothing, "
+                             "it prints the runs' command lines")
         if "--launcher" in flags:
             check_choice("launcher", flags["--launcher"], ("slurm",))
             options = {k[2:]: _parse_value(k[2:], v, LAUNCHER_OPTIONS[k])
