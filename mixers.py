@@ -1630,9 +1630,11 @@ class Mamba(Mixer):
 # Selective attention (Section 5)
 #
 # y[i] = f(u)[i] · W_o softmax(q_i Kᵀ/√hs) V        f(u) ∈ {0, 1}^T chooses the rows
-#   programmatic  f[i] = 1 iff token u_i appeared at some position j < i
+#   programmatic  f[i] = 1 iff token u_i appeared at some position j < i; with a budget
+#                 (top_k), the first repeat of each token, the first top_k of them
 #   learned       f = σ(u w + b): soft during training, hard at inference
-#   random        f[i] = 1 with probability top_k / seq_len, a fixed function of (seed, i)
+#   random        a fresh, uniformly random set of exactly top_k rows for every example,
+#                 whatever its tokens: the control, matched in the number of rows
 # aux loss (learned): (1/N) · max(0, Σ_i f(u)[i] - k), averaged over the batch.
 # Every key stays in the cache: f only decides which rows (queries) produce output.
 # This reference computes every row and then zeroes the unselected ones; the saving the
@@ -1646,6 +1648,16 @@ def programmatic_selection(tokens):
     """
     seen = (tokens[:, :, None] == tokens[:, None, :]).tril(-1)                # (B, T, T)
     return seen.any(-1)
+
+
+def first_repeats(tokens, budget):
+    """f[b, i] = 1 iff tokens[b, i] is the second occurrence of its token, and fewer than
+    `budget` such rows came before i: attention once per recalled token, on a budget of
+    rows. Causal. tokens (B, T) -> bool. On MQAR with a filler these are the D queries and
+    the filler's second occurrence (D + 1 rows), not the filler's every repeat."""
+    earlier = (tokens[:, :, None] == tokens[:, None, :]).tril(-1).sum(-1)    # (B, T)
+    second = earlier == 1
+    return second & (second.cumsum(-1) <= budget)
 
 
 def selection_aux_loss(f, k):
@@ -1686,9 +1698,21 @@ class SelectiveAttention(Mixer):
     its rule) the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u.
     selection="programmatic" needs the token ids: `forward(x, tokens)` and
     `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
-    pass them (other mixers take x only). selection="random" keeps a seed-fixed subset of
-    positions of expected size top_k, the control of Section 5.
-    State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic".
+    pass them (other mixers take x only). It keeps every row whose token appeared before,
+    or, given top_k, the first repeat of each token, the first top_k of them
+    (first_repeats): "attention on a few rows", to set against "on almost every row" (on
+    MQAR with the filler 0 the plain rule keeps every row after the context but the
+    filler's first: N - 2D - 1 of N).
+    selection="random" is the control of Section 5: for every example a fresh, uniformly
+    random set of exactly top_k rows (default N/4), drawn from torch's generator at each
+    forward (in `step`, at the first token, for the whole sequence), so that it matches the
+    selection it controls in the number of rows and differs in what chooses them. It is
+    causal because the rows do not depend on the tokens at all; a count matched to
+    another selection example by example could not be (that count depends on the whole
+    example), which is why the count is a setting: N - 2D - 1 matches programmatic
+    selection on MQAR, where that count is the same for every example.
+    State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic"
+    (and the count of rows kept, with a budget), the seq_len drawn rows for "random".
     """
 
     takes_tokens = True
@@ -1696,7 +1720,7 @@ class SelectiveAttention(Mixer):
     # a pure selective-attention model reached 0.860 without positions, 0.242 with learned ones
 
     def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,
-                 inference=None, aux_weight=None, form="paper", seed=0, impl="fast"):
+                 inference=None, aux_weight=None, form="paper", impl="fast"):
         super().__init__()
         check_choice("selection", selection, ("learned", "programmatic", "random"))
         check_choice("form", form, ("paper", "official"))
@@ -1712,7 +1736,7 @@ class SelectiveAttention(Mixer):
         if not aux_weight >= 0:
             raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
         self.selection, self.inference, self.form = selection, inference, form
-        self.top_k, self.aux_weight = top_k, aux_weight
+        self.top_k, self.aux_weight, self.seq_len = top_k, aux_weight, seq_len
         self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
         if selection == "learned":     # the other rules have no parameters of their own
             # the official gate is an nn.Linear(d, 1, bias=False), which its init draws
@@ -1721,9 +1745,6 @@ class SelectiveAttention(Mixer):
                                      else torch.zeros(d_model))
             if not official:
                 self.gate_bias = nn.Parameter(torch.tensor(2.0))
-        g = torch.Generator().manual_seed(seed)
-        self.register_buffer("random_rows",
-                             torch.rand(seq_len, generator=g) < self._k(seq_len) / seq_len)
 
     def _k(self, T):
         """The row budget for a sequence of T: top_k, else N/4 (paper form) or √N (official;
@@ -1736,6 +1757,11 @@ class SelectiveAttention(Mixer):
         bias = self.gate_bias if self.form == "paper" else 0.0
         return torch.sigmoid(x @ self.gate + bias)                           # (B, T) or (B,)
 
+    def random_rows(self, B, device):
+        """A fresh, uniformly random set of exactly top_k of the seq_len rows for each of B
+        examples: (B, seq_len) bool."""
+        return top_k_rows(torch.rand(B, self.seq_len, device=device), self._k(self.seq_len))
+
     def selection_mask(self, x, tokens=None):
         """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode; in
         the official form the kept rows carry their soft f. Returns (f, the weighted
@@ -1745,12 +1771,14 @@ class SelectiveAttention(Mixer):
             if tokens is None:
                 raise ValueError("tokens=None is not allowed with selection='programmatic': "
                                  "pass the token ids, forward(x, tokens=(B, T) ids)")
-            return programmatic_selection(tokens).to(x.dtype), None
+            f = (programmatic_selection(tokens) if self.top_k is None
+                 else first_repeats(tokens, self.top_k))
+            return f.to(x.dtype), None
         if self.selection == "random":
-            if T > len(self.random_rows):
-                raise ValueError(f"T={T} is not allowed: the random selection is fixed for "
-                                 f"seq_len={len(self.random_rows)} positions")
-            return self.random_rows[:T].expand(B, T).to(x.dtype), None
+            if T > self.seq_len:
+                raise ValueError(f"T={T} is not allowed: the random rows are drawn for "
+                                 f"seq_len={self.seq_len} positions")
+            return self.random_rows(B, x.device)[:, :T].to(x.dtype), None
         f, k = self._gate(x), self._k(T)
         aux = (official_selection_aux_loss if self.form == "official" else selection_aux_loss)
         aux_loss = self.aux_weight * aux(f, k)
@@ -1761,6 +1789,7 @@ class SelectiveAttention(Mixer):
 
     def forward(self, x, tokens=None):
         f, self.aux_loss = self.selection_mask(x, tokens)
+        self.selected = f.detach()                 # the last forward's rows (train.py counts)
         y = self.attention(x) * f[..., None]
         return y + x if self.form == "official" else y
 
@@ -1775,13 +1804,19 @@ class SelectiveAttention(Mixer):
                 raise ValueError("token=None is not allowed with selection='programmatic': "
                                  "pass the token id, step(x_t, state, token=(B,) ids)")
             past = token.new_zeros(token.shape[0], 0) if state is None else state[2]
-            f = (past == token[:, None]).any(-1).to(y.dtype)
-            return y * f[:, None], (*kv, torch.cat([past, token[:, None]], 1))
+            tokens = torch.cat([past, token[:, None]], 1)
+            if self.top_k is None:
+                f = (past == token[:, None]).any(-1)
+                return y * f[:, None].to(y.dtype), (*kv, tokens)
+            kept = token.new_zeros(token.shape[0]) if state is None else state[3]  # (B,)
+            f = ((past == token[:, None]).sum(-1) == 1) & (kept < self.top_k)
+            return y * f[:, None].to(y.dtype), (*kv, tokens, kept + f)
         if self.selection == "random":
-            if t >= len(self.random_rows):
-                raise ValueError(f"position {t} is not allowed: the random selection is "
-                                 f"fixed for seq_len={len(self.random_rows)} positions")
-            return y * self.random_rows[t].to(y.dtype), kv
+            if t >= self.seq_len:
+                raise ValueError(f"position {t} is not allowed: the random rows are drawn "
+                                 f"for seq_len={self.seq_len} positions")
+            rows = self.random_rows(x_t.shape[0], x_t.device) if state is None else state[2]
+            return y * rows[:, t, None].to(y.dtype), (*kv, rows)
         f = self._gate(x_t)
         if not self.training:
             keep = f > 0.5
@@ -1791,7 +1826,11 @@ class SelectiveAttention(Mixer):
 
     def state_size(self, t):
         d = self.attention.out_proj.in_features
-        return 2 * t * d + (t if self.selection == "programmatic" else 0)
+        if t == 0:
+            return 0
+        if self.selection == "programmatic":
+            return 2 * t * d + t + (self.top_k is not None)         # token ids (and count)
+        return 2 * t * d + (self.seq_len if self.selection == "random" else 0)
 
 
 # ----------------------------------------------------------------------------------------

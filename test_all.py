@@ -431,7 +431,9 @@ def token_ids(x, c=4):
 
 
 def mix(mixer, x):
-    """mixer(x), with token_ids(x) for a mixer that takes token ids."""
+    """mixer(x), with token_ids(x) for a mixer that takes token ids; torch's generator
+    seeded first (the random selection control draws its rows from it)."""
+    torch.manual_seed(0)
     return mixer(x, tokens=token_ids(x)) if mixer.takes_tokens else mixer(x)
 
 
@@ -442,6 +444,7 @@ def run_steps(mixer, x, **per_token):
     token_ids(x) by default for a mixer that takes token ids."""
     if mixer.takes_tokens and not per_token:
         per_token = {"token": token_ids(x)}
+    torch.manual_seed(0)                                          # as mix
     state, ys, states = None, [], []
     for t in range(x.shape[1]):
         y, state = mixer.step(x[:, t], state, **{k: v[:, t] for k, v in per_token.items()})
@@ -1493,35 +1496,49 @@ def test_learned_gate_is_soft_in_training_and_hard_at_inference():
     assert torch.equal(hard, (soft > 0.5).to(F64)) and 0 < hard.sum() < hard.numel()
 
 
-def test_random_selection_is_a_fixed_function_of_seed_and_position():
-    torch.manual_seed(0)
-    a = mixers.SelectiveAttention(16, 64, selection="random", seed=3).double()
-    b = mixers.SelectiveAttention(32, 64, selection="random", seed=3)
-    c = mixers.SelectiveAttention(16, 64, selection="random", seed=4)
-    assert torch.equal(a.random_rows, b.random_rows)
-    assert not torch.equal(a.random_rows, c.random_rows)
-    assert 0 < a.random_rows.sum() < 64
-    x = torch.randn(2, 30, 16, dtype=F64)
+def test_random_selection_draws_exactly_top_k_rows_afresh_for_every_example():
+    """Exactly top_k rows (default N/4) of every example, another set for every example and
+    every call, each row as likely as any other (over 4,000 examples, every position's
+    count within 5 standard deviations of its mean), whatever the tokens."""
+    T = 40
+    for top_k, k in ((None, T // 4), (7, 7)):
+        m = mixers.SelectiveAttention(8, T, selection="random", top_k=top_k).double().eval()
+        x = torch.randn(4000, T, 8, dtype=F64)
+        with torch.no_grad():
+            kept = (m(x) != 0).any(-1)                                        # (B, T)
+            again = (m(x) != 0).any(-1)
+        assert (kept.sum(-1) == k).all() and not torch.equal(kept, again)
+        assert len({tuple(row.tolist()) for row in kept[:100]}) == 100
+        mean, sd = 4000 * k / T, math.sqrt(4000 * k / T * (1 - k / T))
+        assert ((kept.sum(0) - mean).abs() < 5 * sd).all()
+    with pytest.raises(ValueError, match="T=41"):
+        m(torch.randn(1, 41, 8, dtype=F64))
+
+
+def test_programmatic_selection_on_mqar_and_its_budget():
+    """On MQAR with the filler 0, the plain rule keeps N - 2D - 1 rows of every example
+    (everything after the context but the filler's first occurrence); with a budget it
+    keeps the first repeat of each token: the D queries and the filler's second occurrence,
+    the first top_k of them."""
+    N, D = 64, 4
+    x, y = multiquery_ar(500, 256, N, D, seed=2)
+    plain = mixers.programmatic_selection(x)
+    assert (plain.sum(-1) == N - 2 * D - 1).all()
+    budget = mixers.first_repeats(x, N)
+    queries = y != IGNORE
+    assert (budget & queries).sum() == queries.sum() and (budget.sum(-1) == D + 1).all()
+    capped = mixers.first_repeats(x, 3)
+    assert (capped.sum(-1) == 3).all() and (capped <= budget).all()
+    first_three = budget.int().cumsum(-1) <= 3
+    assert torch.equal(capped, budget & first_three)
+    # the layer with a budget: step == forward, its state as state_size says, rows as above
+    m = mixers.SelectiveAttention(16, N, selection="programmatic", top_k=3).double().eval()
+    h = torch.randn(8, N, 16, dtype=F64)
     with torch.no_grad():
-        y, (ys, _) = a(x), run_steps(a, x)
-    rows = a.random_rows[:30]
-    assert torch.allclose(ys, y, atol=1e-12)
-    assert torch.equal(y[:, ~rows], torch.zeros_like(y[:, ~rows])) and (y[:, rows] != 0).all()
-    with pytest.raises(ValueError, match="T=65"):
-        a(torch.randn(1, 65, 16, dtype=F64))
-
-
-def test_random_selection_keeps_about_top_k_rows():
-    """Each row is kept with probability top_k/N, so the number kept is Binomial(N, top_k/N):
-    within 4 standard deviations of top_k (default N/4), at every seed."""
-    T = 400
-    x = torch.randn(1, T, 8, dtype=F64)
-    for top_k, k in ((None, T // 4), (40, 40)):
-        for seed in range(3):
-            m = mixers.SelectiveAttention(8, T, selection="random", top_k=top_k, seed=seed)
-            with torch.no_grad():
-                kept = (m.double()(x)[0] != 0).any(-1).sum().item()
-            assert abs(kept - k) < 4 * math.sqrt(k * (1 - k / T)), (top_k, seed, kept)
+        ys, states = run_steps(m, h, token=x[:8])
+        y = m(h, tokens=x[:8])
+    assert torch.allclose(ys, y, atol=1e-12) and torch.equal((y != 0).any(-1), capped[:8])
+    assert mixers.state_numel(states[-1]) == m.state_size(N) == 2 * N * 16 + N + 1
 
 
 def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
@@ -2063,13 +2080,28 @@ def test_query_key_positions_find_each_querys_key():
     assert torch.equal(x[b, q], x[b, k]) and torch.equal(y[b, q], x[b, k + 1])
 
 
-
 def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
     """FIG2_EPOCHS_LRS is pilot_choice of the committed pilot: every rate of Figure 2's four
     for every model and width, read off the validation split."""
     records = train.load_records(REPO / "results" / "fig2_pilot")
     assert sorted({r["config"]["lr"] for r in records}) == list(train.PAPER_LRS)
     assert len(records) == 12 and train.FIG2_EPOCHS_LRS == train.pilot_choice(records)
+
+
+def test_a_selective_attention_run_records_the_rows_it_attends_at(tmp_path):
+    """selected_rows counts what each selection keeps on the test split: the random
+    control exactly top_k rows, programmatic N - 2D - 1 with every query among them."""
+    N, D = 32, 2
+    for selection, rows in (("random:top_k=5", 5), ("programmatic", N - 2 * D - 1)):
+        c = small_config(mixer=f"base_conv:kernel_size=3,selective_attention:selection={selection}",
+                         seq_len=N, num_kv_pairs=D, max_steps=2, out_dir=str(tmp_path))
+        [stats] = train.train(c)["selection"]
+        assert stats["rows"] == rows
+        if selection == "programmatic":
+            assert stats["coverage"] == 1 and math.isclose(stats["queries"], D / rows)
+        else:
+            assert 0 < stats["coverage"] < 1
+    assert "selection" not in train.train(small_config(max_steps=2, out_dir=str(tmp_path)))
 
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",

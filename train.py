@@ -79,7 +79,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import MIXERS, check_choice, check_positive
+from mixers import MIXERS, SelectiveAttention, check_choice, check_positive
 from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, bigram_recall_sequences,
                   corpus_streams, multiquery_ar, query_key_positions, scaled_threshold,
                   sliced_perplexity)
@@ -580,6 +580,31 @@ def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
     return (correct / total, loss_sum / total) if with_loss else correct / total
 
 
+@torch.no_grad()
+def selected_rows(model, inputs, labels, batch_size=256):
+    """For each selective-attention layer of `model` (none: []), in eval mode over (inputs,
+    labels): the mean number of rows it keeps per example ("rows"), the share of query
+    (labelled) positions among them ("queries") and the share of query positions it keeps
+    ("coverage"): what Section 5's selections attend at."""
+    layers = [b.mixer for b in model.blocks if isinstance(b.mixer, SelectiveAttention)]
+    if not layers:
+        return []
+    model.eval()
+    kept = [[] for _ in layers]
+    for i in range(0, len(inputs), batch_size):
+        model(inputs[i:i + batch_size])
+        for k, layer in zip(kept, layers):
+            k.append(layer.selected != 0)
+    model.train()
+    queries = labels != IGNORE
+    stats = []
+    for k in kept:
+        k = torch.cat(k)
+        hits = int((k & queries).sum())
+        stats.append({"rows": int(k.sum()) / len(k), "queries": hits / int(k.sum()),
+                      "coverage": hits / int(queries.sum())})
+    return stats
+
 def evaluation(model, valid, test, config, final=False):
     """The scores of one evaluation of `model` on the validation and test splits, each an
     (inputs, labels) pair.
@@ -832,6 +857,7 @@ def train(config):
         last = history[-1] if history and history[-1]["step"] == step else {}
         whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
         final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
+        selection = selected_rows(model, *test)          # (random rows: the run's generator)
         asked = stop_requested()       # also a Ctrl-C during the last step or evaluation
     record = {
         "schema": RECORD_SCHEMA, "config": dataclasses.asdict(c), "test_acc": final["test_acc"],
@@ -844,6 +870,8 @@ def train(config):
         record["valid_acc"] = final["valid_acc"]
     if "valid_loss" in final:
         record["valid_loss"] = final["valid_loss"]
+    if selection:
+        record["selection"] = selection        # one entry per selective-attention layer
     if run["resumed"]:
         record["resumed"] = run["resumed"]     # where it continued, and what ran it there
     if c.save_model:                       # the weights first: a record means they are there
@@ -1000,9 +1028,23 @@ INPUT_DEPENDENT_MODELS = {
 WINDOW_MODELS = {"attention": "attention", "sliding window 8": "sliding_window:window=9",
                  "sliding window 32": "sliding_window:window=33",
                  "blocked 32": "blocked_attention:block_size=32"}
-HYBRID_MODELS = {"base_conv": BASE_CONV, "attention": "attention", **{
-    f"+ {s} selection": f"base_conv:kernel_size=3,selective_attention:selection={s}"
-    for s in ("programmatic", "learned", "random")}}
+
+
+def hybrid_models(N, D):
+    """Section 5's models at (N, D): both pure ones, and a short BaseConv then selective
+    attention with each selection: programmatic, learned (its budget k = N/4), programmatic
+    on a budget of ⌈√N⌉ rows (the official code's inference k), and two random controls,
+    one with as many rows as programmatic selection keeps on every MQAR example
+    (N - 2D - 1: mixers.SelectiveAttention) and one with learned selection's budget."""
+    hybrid = "base_conv:kernel_size=3,selective_attention:"
+    return {"base_conv": BASE_CONV, "attention": "attention",
+            "+ programmatic selection": hybrid + "selection=programmatic",
+            "+ learned selection": hybrid + "selection=learned",
+            f"+ programmatic, first {math.ceil(math.sqrt(N))} repeats":
+                hybrid + f"selection=programmatic:top_k={math.ceil(math.sqrt(N))}",
+            "+ random, as many rows as programmatic":
+                hybrid + f"selection=random:top_k={N - 2 * D - 1}",
+            "+ random, learned budget": hybrid + f"selection=random:top_k={N // 4}"}
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",
              "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
@@ -1073,9 +1115,10 @@ SWEEPS = {
     },
     # Section 5: a BaseConv model with one selective-attention layer, against both pure ones
     "hybrids": {
-        "paper": dict(models=HYBRID_MODELS, nd=[(64, 4), (128, 8), (256, 16)], d_model=[64],
-                      lr=PAPER_LRS, seed=[0, 1, 2], max_steps=[8000], num_valid=[1000]),
-        "cpu": dict(models=HYBRID_MODELS, nd=[(64, 4)], d_model=[64], lr=[3e-3],
+        "paper": [dict(models=hybrid_models(N, D), nd=[(N, D)], d_model=[64], lr=PAPER_LRS,
+                       seed=[0, 1, 2], max_steps=[8000], num_valid=[1000])
+                  for N, D in [(64, 4), (128, 8), (256, 16)]],
+        "cpu": dict(models=hybrid_models(64, 4), nd=[(64, 4)], d_model=[64], lr=[3e-3],
                     seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
     },
     "fig2_pilot": {"cpu": [dict(**grid, **FIG2_EPOCHS, lr=PAPER_LRS,
@@ -1869,7 +1912,8 @@ def model_order(name):
 
 def cells_table(name):
     """The cells of results/<name> (cells): model, N, D, d, mean test accuracy ± 95%, each
-    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64."""
+    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64; for
+    hybrids the rows the selection attends at (selected_rows, mean over the seeds)."""
     rows = cells(load_records(f"results/{name}"))
     order = model_order(name)
     rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
@@ -1877,6 +1921,8 @@ def cells_table(name):
     header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
     if name == "fig2":
         header.append("the paper (N = 64)")
+    if name == "hybrids":
+        header += ["rows attended", "of them queries", "queries attended"]
     if name == "fig6":
         header.append("reachable")
     table = []
@@ -1889,6 +1935,11 @@ def cells_table(name):
         if name == "fig2":
             paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
             row.append("" if paper is None else f"{paper:.2f}")
+        if name == "hybrids":
+            stats = [run["selection"][0] for run in runs if "selection" in run]
+            mean = lambda key: sum(s[key] for s in stats) / len(stats)
+            row += ([f"{mean('rows'):.1f}", f"{mean('queries'):.2f}", f"{mean('coverage'):.2f}"]
+                    if stats else ["–", "–", "–"])
         if name == "fig6":
             bounds = [reach_bound(Config(**run["config"])) for run in runs]
             row.append(f"{sum(bounds) / len(bounds):.3f}")
