@@ -2103,6 +2103,18 @@ def test_a_selective_attention_run_records_the_rows_it_attends_at(tmp_path):
             assert 0 < stats["coverage"] < 1
     assert "selection" not in train.train(small_config(max_steps=2, out_dir=str(tmp_path)))
 
+
+def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):
+    """fig2_lr: every (lr, seed) run is shown and counted, none chosen: 2 of 4 pass 0.9."""
+    monkeypatch.chdir(tmp_path)
+    for lr, seed, acc in ((1e-3, 0, 0.95), (1e-3, 1, 0.25), (3e-3, 0, 0.91), (3e-3, 1, 0.9)):
+        c = train.make_config(mixer="h3", label="h3", lr=lr, seed=seed, progress=False,
+                              out_dir="results/fig2_lr")
+        train.save_record({**fake_record(lr, seed, acc, acc), "config": dataclasses.asdict(c)},
+                          train.record_path(c))
+    [row] = train.markdown_table("fig2_lr").splitlines()[2:]
+    assert row == "| h3 | .950 .250 | .910 .900 | 2/4 |"
+    assert train.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",

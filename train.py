@@ -1015,6 +1015,7 @@ FIG2_MODELS = {name: name for name in FIGURE2_MIXERS}
 BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Figure 2's stack
 # c = 512 and 1M fresh examples (8000 steps of 128, none seen twice): README, "The paper's
 # experiments", says why
+LR_GRID = [3e-4, 1e-3, 3e-3, 1e-2]                  # fig2_lr: the cpu fig2 lr and 3x around it
 CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_000],
                 max_steps=[8000], eval_every=[500], num_valid=[1000])
 # Figure 2's lower rows: BaseConv with input-dependent filters (Thm 4.5), after a short
@@ -1121,6 +1122,11 @@ SWEEPS = {
         "cpu": dict(models=hybrid_models(64, 4), nd=[(64, 4)], d_model=[64], lr=[3e-3],
                     seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
     },
+    # learning-rate robustness (Okpekpe and Orvieto, 2025, arXiv 2508.19029): the cpu fig2
+    # models at N = 32, d = 128, at four lrs and three seeds; lr 3e-3 is fig2's own grid
+    "fig2_lr": {"cpu": dict(models={"attention": "attention", "base_conv": BASE_CONV,
+                                    "h3": "h3", "hyena": "hyena", "rwkv": "rwkv"},
+                            nd=[(32, 4)], d_model=[128], **{**CPU_FIG2, "lr": LR_GRID})},
     "fig2_pilot": {"cpu": [dict(**grid, **FIG2_EPOCHS, lr=PAPER_LRS,
                                 budget_steps=[PILOT_EPOCHS * math.ceil(100_000 / 512)])
                            for grid in FIG2_EPOCHS_GRIDS]},
@@ -2134,7 +2140,67 @@ def plot_epochs(name="fig2_epochs"):
     return path
 
 
-FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table}     # --table=NAME
+
+# ----------------------------------------------------------------------------------------
+# learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
+
+PASS = 0.9                                   # a run "solves" the cell above this test accuracy
+
+
+def lr_table(name="fig2_lr"):
+    """One row per model: the test accuracy of every seed at every lr, and the share of
+    (lr, seed) runs above PASS."""
+    records = load_records(f"results/{name}")
+    order = model_order(name)
+    by_model = {}
+    for r in records:
+        by_model.setdefault(r["config"]["label"], []).append(r)
+    lrs = sorted({r["config"]["lr"] for r in records})
+    rows = []
+    for label in sorted(by_model, key=lambda l: order.get(l, len(order))):
+        runs = by_model[label]
+        at = lambda lr: sorted((r for r in runs if r["config"]["lr"] == lr),
+                               key=lambda r: r["seed"])
+        passed = sum(r["test_acc"] > PASS for r in runs)
+        rows.append([label, *(" ".join(acc_text(r["test_acc"]) for r in at(lr)) for lr in lrs),
+                     f"{passed}/{len(runs)}"])
+    return markdown(["model", *(f"lr {lr:g}" for lr in lrs), f"runs above {PASS}"], rows)
+
+
+def plot_lr(name="fig2_lr"):
+    """results/<name>.png: test accuracy against the learning rate, one panel per model,
+    one line per seed, PASS dotted. Returns the path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
+                         f"(python train.py --sweep={name})")
+    order = model_order(name)
+    labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
+    fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
+                             squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        runs = [r for r in records if r["config"]["label"] == label]
+        for seed in sorted({r["seed"] for r in runs}):
+            points = sorted((r["config"]["lr"], r["test_acc"]) for r in runs if r["seed"] == seed)
+            ax.plot(*zip(*points), marker="o", ms=3, label=f"seed {seed}")
+        ax.axhline(PASS, color="grey", ls=":", lw=1)
+        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02))
+    c = records[0]["config"]
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
+                 f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
+    fig.tight_layout()
+    path = f"results/{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
+                "fig2_lr": lr_table}
 
 
 # ----------------------------------------------------------------------------------------
@@ -2220,8 +2286,10 @@ def main(argv):
         if "--table" in flags:
             print(markdown_table(flags["--table"]))
             return 0
-        if flags.get("--plot") == "fig2_epochs":
-            print(f"{epochs_table()}\nwrote {plot_epochs()}")
+        if flags.get("--plot") in ("fig2_epochs", "fig2_lr"):
+            table, plot = {"fig2_epochs": (epochs_table, plot_epochs),
+                           "fig2_lr": (lr_table, plot_lr)}[flags["--plot"]]
+            print(f"{table()}\nwrote {plot()}")
             return 0
         if "--plot" in flags:
             _, paths = plot_sweep(flags["--plot"])
