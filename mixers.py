@@ -238,12 +238,28 @@ BLOCKED_ATTENTION_IMPLS = {"fast": blocked_attention_fast,
                            "reference": blocked_attention_reference}
 
 
+def rotary(x, positions, base=10000.0):
+    """Rotary position embedding (Su et al., 2021) of x (..., T, hs) at `positions` (T,):
+    channel i of the first half and i of the second, a pair, turned by the angle
+    p·base^(-2i/hs) at position p (the Llama / GPT-NeoX layout), so that q·k after it depends
+    on the positions only through their difference."""
+    hs = x.shape[-1]
+    freqs = base ** (-2 * torch.arange(hs // 2, dtype=torch.float64, device=x.device) / hs)
+    angles = positions.to(torch.float64)[:, None] * freqs                   # (T, hs/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    a, b = x[..., :hs // 2], x[..., hs // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
 class Attention(Mixer):
     """Multi-head causal self-attention with an output projection.
 
     dropout: the probability of dropping an attention weight in training; the official
     Figure 2 configs use 0.1 (and 1 head), the default is 0. In eval mode no weight is
     dropped, so there `forward` and `step` compute one function.
+    rotary: turn q and k by their positions (rotary: the Llama recipe's positions, which
+    the paper's language-model attention used), instead of leaving positions to the model's
+    learned embedding (the Figure 2 configs). Full attention only.
     The state of `step` is the KV cache: 2·t·d numbers after t tokens.
     Subclasses narrow what a token sees by overriding `impls`, `form_args` and `cache_len`.
     """
@@ -251,13 +267,18 @@ class Attention(Mixer):
     uses_positions = True               # a set of keys under a mask: no order of its own
     impls = ATTENTION_IMPLS             # the forms of this class's computation, by `impl`
 
-    def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True):
+    def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True,
+                 rotary=False):
         super().__init__()
         check_divides("num_heads", num_heads, d_model)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout={dropout!r} is not allowed: dropout must be in [0, 1)")
         check_choice("impl", impl, tuple(self.impls))
-        self.num_heads, self.dropout, self.impl = num_heads, dropout, impl
+        if rotary and (d_model // num_heads) % 2:
+            raise ValueError(f"rotary={rotary!r} is not allowed with a head size of "
+                             f"{d_model // num_heads}: rotary turns pairs of channels, so the "
+                             "head size d_model / num_heads must be even")
+        self.num_heads, self.dropout, self.impl, self.rotary = num_heads, dropout, impl, rotary
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -280,6 +301,9 @@ class Attention(Mixer):
     def forward(self, x):
         B, T, d = x.shape
         q, k, v = self._heads(x)
+        if self.rotary:
+            positions = torch.arange(T, device=x.device)
+            q, k = rotary(q, positions), rotary(k, positions)
         dropout = self.dropout if self.training else 0.0
         y = self.attend(q, k, v, dropout)                                    # (B, H, T, hs)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
@@ -287,6 +311,9 @@ class Attention(Mixer):
     def step(self, x_t, state=None):
         B, d = x_t.shape
         q, k, v = self._heads(x_t[:, None])                                  # (B, H, 1, hs)
+        if self.rotary:                          # this token's position: the keys cached
+            t = torch.tensor([0 if state is None else state[0].shape[2]], device=x_t.device)
+            q, k = rotary(q, t), rotary(k, t)
         if state is not None:
             k = torch.cat([state[0], k], dim=2)                              # (B, H, n, hs)
             v = torch.cat([state[1], v], dim=2)

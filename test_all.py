@@ -456,6 +456,7 @@ def run_steps(mixer, x, **per_token):
 # every mixer with its defaults, and the options that change the code path it takes
 CASES = [(name, {}) for name in MIXERS] + [
     ("attention", dict(num_heads=4)),
+    ("attention", dict(rotary=True, num_heads=2)),
     ("sliding_window", dict(window=5)),
     ("sliding_window", dict(window=1)),
     ("sliding_window", dict(window=5, num_heads=4)),
@@ -706,6 +707,18 @@ def test_blocked_attention_is_attention_on_each_block(impl, block_size):
     if block_size > 1:
         assert not torch.allclose(attn(x), y, atol=1e-6), "blocks do change the output"
 
+
+def test_rotary_scores_depend_on_relative_positions_only():
+    """q·k after rotary at positions (i, j) equals it at (i + s, j + s), and differs from it
+    at (i, j + 1); each vector keeps its norm. An odd head size is refused."""
+    q, k = torch.randn(2, 1, 8, dtype=F64), torch.randn(2, 1, 8, dtype=F64)
+    score = lambda i, j: (mixers.rotary(q, torch.tensor([i])) *
+                          mixers.rotary(k, torch.tensor([j]))).sum(-1)
+    assert torch.allclose(score(3, 1), score(10, 8), atol=1e-12)
+    assert not torch.allclose(score(3, 1), score(3, 2))
+    assert torch.allclose(mixers.rotary(q, torch.tensor([5])).norm(dim=-1), q.norm(dim=-1))
+    with pytest.raises(ValueError, match="rotary=True is not allowed with a head size of 5"):
+        mixers.Attention(10, 8, num_heads=2, rotary=True)
 
 def test_window_and_block_states_have_the_documented_sizes():
     D = 16
@@ -2432,6 +2445,36 @@ def test_width_trend_is_a_permutation_test_of_the_correlation():
     rising = [(d, i / 4 + s / 100) for i, d in enumerate((32, 64, 128, 256)) for s in range(3)]
     assert train.width_trend(rising)[1] < 0.001
 
+
+def test_llama_block_is_its_formula():
+    """block="rms_pre_norm" with mlp and rotary attention, no learned positions: the Llama
+    recipe. h = h + attention(RMSNorm₁(h)), h = h + W_o(silu(W_g a) ⊙ W_u a) with
+    a = RMSNorm₂(h), written out with the model's parameters; step agrees."""
+    c = small_config(mixer="attention:rotary=true", block="rms_pre_norm", mlp=True,
+                     position_embedding="none")
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).double().eval()
+    assert model.pos is None and model.blocks[0].mlp.gate.out_features == 88    # 8·⌈32/3⌉
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) / 2)
+    x, _ = mqar.multiquery_ar(2, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    rms = lambda h, norm: h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    with torch.no_grad():
+        h = model.embed.weight[x]
+        for b in model.blocks:
+            h = h + b.mixer(rms(h, b.norm1))
+            a = rms(h, b.norm2)
+            hidden = F.silu(a @ b.mlp.gate.weight.T) * (a @ b.mlp.up.weight.T)
+            h = h + hidden @ b.mlp.out_proj.weight.T
+        want = model.norm(h)
+        assert torch.allclose(model(x), want, atol=1e-12)
+        states, steps = None, []
+        for t in range(c.seq_len):
+            out, states = model.step(x[:, t], t, states)
+            steps.append(out)
+    assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
 
 def weights_of(model):
     return {k: v.clone() for k, v in model.state_dict().items()}

@@ -324,9 +324,9 @@ def check_config(config):
     if c.schedule == "cosine_epochs" and c.warmup_steps:
         raise ValueError(f"warmup_steps={c.warmup_steps} is not allowed with "
                          "schedule='cosine_epochs': warm up with schedule='cosine'")
-    if c.mlp and c.block != "pre_norm":
+    if c.mlp and c.block == "identity_mlp":
         raise ValueError(f"mlp=True is not allowed with block={c.block!r}: that block has no "
-                         "MLP sublayer; use block='pre_norm'")
+                         "MLP sublayer; use block='pre_norm' or 'rms_pre_norm'")
     for key in ("d_model", "n_layers", "num_train", "num_test", "batch_size", "max_steps",
                 "eval_every"):
         if getattr(c, key) < 1:
@@ -398,6 +398,21 @@ class MLP(nn.Module):
         return self.out_proj(F.gelu(self.fc(x)))
 
 
+class SwiGLU(nn.Module):
+    """The Llama MLP: out_proj(silu(gate(x)) ⊙ up(x)), no biases, hidden 8d/3 rounded up to a
+    multiple of 8: about the parameters of the 4d GELU MLP."""
+
+    def __init__(self, d_model):
+        super().__init__()
+        hidden = 8 * math.ceil(d_model / 3)
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.out_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        return self.out_proj(F.silu(self.gate(x)) * self.up(x))
+
+
 class Block(nn.Module):
     """One residual block around a mixer; `kind` is one of BLOCKS.
 
@@ -408,7 +423,8 @@ class Block(nn.Module):
                   every Figure 2 model but Mamba ran. It returns (norm2(residual), residual)
                   and the next block, or the final norm, adds the two: "no MLP" there is the
                   identity in the MLP's place, not a missing second sublayer.
-    rms_pre_norm  x = x + mixer(RMSNorm(x)): the official MambaBlock (Figure 2's Mamba).
+    rms_pre_norm  x = x + mixer(RMSNorm(x)): the official MambaBlock (Figure 2's Mamba);
+                  with mlp, then x = x + SwiGLU(RMSNorm(x)): the Llama block.
     """
 
     def __init__(self, mixer, d_model, kind="pre_norm", mlp=False):
@@ -416,8 +432,10 @@ class Block(nn.Module):
         self.kind, self.mixer = kind, mixer
         self.norm1 = (nn.RMSNorm(d_model, eps=1e-5) if kind == "rms_pre_norm"
                       else nn.LayerNorm(d_model))
-        self.norm2 = nn.LayerNorm(d_model) if mlp or kind == "identity_mlp" else None
-        self.mlp = MLP(d_model) if mlp else None
+        rms = kind == "rms_pre_norm"
+        self.norm2 = ((nn.RMSNorm(d_model, eps=1e-5) if rms else nn.LayerNorm(d_model))
+                      if mlp or kind == "identity_mlp" else None)
+        self.mlp = (SwiGLU(d_model) if rms else MLP(d_model)) if mlp else None
 
     def _second_sublayer(self, x):
         if self.mlp is not None:
