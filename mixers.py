@@ -260,7 +260,11 @@ class Attention(Mixer):
     rotary: turn q and k by their positions (rotary: the Llama recipe's positions, which
     the paper's language-model attention used), instead of leaving positions to the model's
     learned embedding (the Figure 2 configs). Full attention only.
-    The state of `step` is the KV cache: 2·t·d numbers after t tokens.
+    short_conv=K: first x = x + ShortConv_K(x), a depthwise causal convolution of K taps
+    (the locality prior that every gated convolution of the paper has and attention lacks;
+    the control of the language-model experiment). Full attention only.
+    The state of `step` is the KV cache: 2·t·d numbers after t tokens (and with short_conv
+    the last K - 1 inputs).
     Subclasses narrow what a token sees by overriding `impls`, `form_args` and `cache_len`.
     """
 
@@ -268,7 +272,7 @@ class Attention(Mixer):
     impls = ATTENTION_IMPLS             # the forms of this class's computation, by `impl`
 
     def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True,
-                 rotary=False):
+                 rotary=False, short_conv=0):
         super().__init__()
         check_divides("num_heads", num_heads, d_model)
         if not 0 <= dropout < 1:
@@ -279,6 +283,10 @@ class Attention(Mixer):
                              f"{d_model // num_heads}: rotary turns pairs of channels, so the "
                              "head size d_model / num_heads must be even")
         self.num_heads, self.dropout, self.impl, self.rotary = num_heads, dropout, impl, rotary
+        if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0:
+            raise ValueError(f"short_conv={short_conv!r} is not allowed: it must be 0 (none) "
+                             "or the number of taps, an integer >= 1")
+        self.conv = ShortConv(d_model, seq_len, short_conv, impl) if short_conv else None
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -300,6 +308,8 @@ class Attention(Mixer):
 
     def forward(self, x):
         B, T, d = x.shape
+        if self.conv is not None:
+            x = x + self.conv(x)
         q, k, v = self._heads(x)
         if self.rotary:
             positions = torch.arange(T, device=x.device)
@@ -310,6 +320,9 @@ class Attention(Mixer):
 
     def step(self, x_t, state=None):
         B, d = x_t.shape
+        if self.conv is not None:
+            c, (past,) = self.conv.step(x_t, None if state is None else state[2:])
+            x_t = x_t + c
         q, k, v = self._heads(x_t[:, None])                                  # (B, H, 1, hs)
         if self.rotary:                          # this token's position: the keys cached
             t = torch.tensor([0 if state is None else state[0].shape[2]], device=x_t.device)
@@ -322,10 +335,12 @@ class Attention(Mixer):
         y = torch.einsum("bhj,bhjd->bhd", w.softmax(dim=-1), v)             # (B, H, hs)
         n = k.shape[2]
         keep = n - self.cache_len(n)
-        return self.out_proj(y.reshape(B, d)), (k[:, :, keep:], v[:, :, keep:])
+        state = (k[:, :, keep:], v[:, :, keep:])
+        return self.out_proj(y.reshape(B, d)), state + ((past,) if self.conv else ())
 
     def state_size(self, t):
-        return 2 * self.cache_len(t) * self.out_proj.in_features
+        conv = self.conv.state_size(t) if self.conv is not None else 0
+        return 2 * self.cache_len(t) * self.out_proj.in_features + conv
 
 
 class SlidingWindowAttention(Attention):

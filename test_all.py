@@ -457,6 +457,7 @@ def run_steps(mixer, x, **per_token):
 CASES = [(name, {}) for name in MIXERS] + [
     ("attention", dict(num_heads=4)),
     ("attention", dict(rotary=True, num_heads=2)),
+    ("attention", dict(short_conv=3)),
     ("sliding_window", dict(window=5)),
     ("sliding_window", dict(window=1)),
     ("sliding_window", dict(window=5, num_heads=4)),
@@ -719,6 +720,20 @@ def test_rotary_scores_depend_on_relative_positions_only():
     assert torch.allclose(mixers.rotary(q, torch.tensor([5])).norm(dim=-1), q.norm(dim=-1))
     with pytest.raises(ValueError, match="rotary=True is not allowed with a head size of 5"):
         mixers.Attention(10, 8, num_heads=2, rotary=True)
+
+def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
+    """short_conv=3: attention(x + conv(x)), with the plain layer's weights; and the conv's
+    filter reaches 2 tokens back, so it changes the output."""
+    torch.manual_seed(0)
+    m = mixers.Attention(16, 24, short_conv=3).double()
+    plain = mixers.Attention(16, 24).double()
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("conv")})
+    x = torch.randn(2, 24, 16, dtype=F64)
+    with torch.no_grad():
+        assert torch.allclose(m(x), plain(x + m.conv(x)), atol=1e-12)
+        assert not torch.allclose(m(x), plain(x))
+    with pytest.raises(ValueError, match="short_conv=-1 is not allowed"):
+        mixers.Attention(16, 24, short_conv=-1)
 
 def test_window_and_block_states_have_the_documented_sizes():
     D = 16
