@@ -67,6 +67,7 @@ import sys
 import signal
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -1549,6 +1550,29 @@ def state_size(config):
     return sum(b.mixer.state_size(config.seq_len) for b in model.blocks)
 
 
+# one colour per model across every figure; a label not listed gets one from its name
+MODEL_COLORS = {"attention": 0, "base_conv": 2, "BaseConv": 2, "h3": 4, "H3": 4, "hyena": 6,
+                "Hyena": 6, "rwkv": 8, "RWKV": 8, "retnet": 10, "based": 12, "mamba": 14,
+                "sliding window 8": 16, "sliding window 32": 18, "blocked 32": 1,
+                "programmatic filters": 3, "autocorrelation filters": 5,
+                "+ programmatic selection": 7, "+ learned selection": 9,
+                "+ random, as many rows as programmatic": 11, "+ random, learned budget": 13,
+                "attention + short conv": 15}
+
+
+def model_color(label):
+    """The colour of a model (MODEL_COLORS; tab20), the same in every figure; a label not
+    listed takes one of the colours no listed model has, by its name."""
+    import matplotlib
+    spare = sorted(set(range(20)) - set(MODEL_COLORS.values()))
+    index = MODEL_COLORS.get(label, spare[zlib.crc32(label.encode()) % len(spare)])
+    return matplotlib.colormaps["tab20"](index)
+
+
+def dodge(x, i, n, spread=0.05):
+    """x moved right or left, on a log axis, for the i-th of n series that share it."""
+    return x * 2 ** (spread * (i - (n - 1) / 2))
+
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
@@ -1567,36 +1591,49 @@ def plot_sweep(name):
     panel_keys, x_key = PLOT_AXES[name]
     panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    colors = {label: f"C{i}" for i, label in enumerate(labels)}
+    colors = {label: model_color(label) for label in labels}
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        for label in labels:
+        in_panel = [label for label in labels if any(
+            r["label"] == label and tuple(r[k] for k in panel_keys) == panel for r in rows)]
+        single = len({r[x_key] for r in rows if tuple(r[k] for k in panel_keys) == panel}) == 1
+        for i, label in enumerate(in_panel):
             here = [r for r in rows if r["label"] == label
                     and tuple(r[k] for k in panel_keys) == panel]
-            if not here:
-                continue
             x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
             half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
-            ax.errorbar(x, y, yerr=[[min(h, v) for h, v in zip(half, y)],         # within [0, 1]
-                                    [min(h, 1 - v) for h, v in zip(half, y)]],
-                        marker="o", ms=3, capsize=2, color=colors[label], label=label)
+            err = [[min(h, v) for h, v in zip(half, y)],                     # within [0, 1]
+                   [min(h, 1 - v) for h, v in zip(half, y)]]
+            if single:                           # one x for every model: bars side by side
+                ax.bar(i, y[0], yerr=[[e[0]] for e in err], capsize=2, color=colors[label],
+                       label=label)
+                continue
+            ax.errorbar([dodge(v, i, len(in_panel)) for v in x], y, yerr=err, marker="o",
+                        ms=3, capsize=2, color=colors[label], label=label)
             paper = paper_points(name, label, here[0]["seq_len"])
-            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.4,
+            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.5,
                        color=colors[label])
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))    # 4, not 4.0
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if single:                               # the bars named below them
+            ax.set_xticks(range(len(in_panel)), in_panel, rotation=30, ha="right", fontsize=7)
+            ax.set_xlabel(f"{SYMBOLS[x_key]} = {rows[0][x_key]}")
+        else:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # 4, not 4.0
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xlabel(SYMBOLS[x_key])
         ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
                      fontsize=9)
-        ax.set_xlabel(SYMBOLS[x_key])
     vocab = sorted({r["config"]["vocab_size"] for r in records})
+    steps = sorted({r["config"]["max_steps"] for r in records})
     paper = "\n(x: the paper's Figure 2 at c = 8192, read off the plot)" if name == "fig2" else ""
-    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}: mean and 95% interval over "
+    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}, at most "
+                 f"{', '.join(f'{s:,}' for s in steps)} steps\nmean and 95% interval over "
                  f"seeds{paper}", fontsize=9)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    if not single:
+        axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(f"results/{name}.png", dpi=120)
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -1606,7 +1643,7 @@ def plot_sweep(name):
         ax.scatter(state_size(config), row["test_acc"], color=colors[row["label"]], s=12)
     for label in labels:
         ax.scatter([], [], color=colors[label], label=label)
-    ax.set_xscale("log")
+    ax.set_xscale("symlog", linthresh=1)            # a state of 0 (blocked attention at t = N)
     ax.set(xlabel="recurrent state size (numbers per example, all layers)",
            ylabel="test accuracy", ylim=(0, 1.02))
     ax.legend(fontsize=7)
@@ -2259,15 +2296,20 @@ def plot_curves(records, path):
                                             shape(r["config"]))):
         c, h = r["config"], r["history"]
         label = c["label"] or c["mixer"]
-        color = colors.setdefault(label, f"C{len(colors) % 10}")
+        color = colors.setdefault(label, model_color(label))
         i = shapes.setdefault(label, {}).setdefault(shape(c), len(shapes[label]))
-        ax.plot([e["step"] * c["batch_size"] for e in h],
-                [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
+        x = [e["step"] * c["batch_size"] for e in h]
+        ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
                 ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
                 label="{} N={} D={} d={}".format(label, *shape(c)))
+        probes = [(xe, e["test_probe"]) for xe, e in zip(x, h) if "test_acc" not in e]
+        if probes:                               # a probe's score: hollow
+            ax.plot(*zip(*probes), ls="", marker="os^vDx"[i % 6], ms=3, color="white",
+                    markeredgecolor=color)
     ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
            title="MQAR, c = " + ", ".join(sorted({str(r["config"]["vocab_size"])
-                                                   for r in records})))
+                                                   for r in records}))
+           + " (hollow: the first 500 test examples, a probe; filled: all)")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
