@@ -2491,6 +2491,16 @@ def test_llama_block_is_its_formula():
             steps.append(out)
     assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
 
+def test_a_model_has_one_colour_in_every_figure():
+    """model_color: the same for a label every time (also one not listed), the same for the
+    two names of one model, different for different listed models, and an unlisted label
+    never takes a listed model's colour."""
+    listed = {label: train.model_color(label) for label in train.MODEL_COLORS}
+    assert listed["BaseConv"] == listed["base_conv"] and listed["attention"] != listed["h3"]
+    assert len(set(listed.values())) == len(set(train.MODEL_COLORS.values()))
+    assert train.model_color("a new mixer") == train.model_color("a new mixer")
+    assert train.model_color("a new mixer") not in listed.values()
+
 def weights_of(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
