@@ -2501,22 +2501,6 @@ def test_a_model_has_one_colour_in_every_figure():
     assert train.model_color("a new mixer") == train.model_color("a new mixer")
     assert train.model_color("a new mixer") not in listed.values()
 
-def test_width_trend_is_a_permutation_test_of_the_correlation():
-    """Two widths, three seeds, every run at the larger width above every run at the
-    smaller: 1 of the 20 ways to split six accuracies into two threes is as extreme, so
-    p ≈ 1/20; a trend the other way has p near 1; twelve runs rising with width have a
-    p below 0.001."""
-    low, high = (.2, .3, .25), (.9, .8, .7)
-    corr, p = train.width_trend([(32, a) for a in low] + [(128, a) for a in high])
-    assert corr > 0.9 and abs(p - 1 / 20) < 0.01
-    assert train.width_trend([(32, a) for a in high] + [(128, a) for a in low])[1] > 0.9
-    rising = [(d, i / 4 + s / 100) for i, d in enumerate((32, 64, 128, 256)) for s in range(3)]
-    assert train.width_trend(rising)[1] < 0.001
-
-def weights_of(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
 def test_normal_init_leaves_mixers_that_keep_their_own():
     c = small_config(mixer="mamba,hyena")
     torch.manual_seed(0)
