@@ -3004,7 +3004,7 @@ def test_readme_results_tables_are_what_the_records_print(monkeypatch):
     number changed by hand, or a record that no longer gives it, fails here."""
     tables = README_TABLE.findall((REPO / "README.md").read_text())
     names = [name for name, _ in tables]
-    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "lm", "lm_2400"} <= set(names)
+    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "lm"} <= set(names)
     monkeypatch.chdir(REPO)
     for name, table in tables:
         assert table.rstrip("\n") == train.markdown_table(name), f"--table={name}"
@@ -3073,51 +3073,71 @@ def test_token_nll_is_the_training_loss_per_token(tmp_path):
     assert math.isclose(nll.mean(), train.labelled_loss(model, x, y)[0].item(), rel_tol=1e-5)
 
 
-def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
-    """Every model trains once, writes weights and record, and the table's perplexities are
-    sliced by AR hits; a second run loads the models instead of training them."""
+def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(
+        tmp_path, monkeypatch):
+    """Every model trains at every rate with the first seed, then at the rate of least
+    validation loss with every seed; every (model, seed) row's perplexity is sliced by AR
+    hits; a second run loads the models instead of training them."""
     corpus = _tiny_corpus(tmp_path / "corpus")
     monkeypatch.chdir(tmp_path)
-    overrides = {k: v for k, v in LM_TINY.items() if k != "progress"}
-    summary = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
-    rows = {r["label"]: r for r in summary["rows"]}
-    assert list(rows) == list(train.LM_MODELS)
-    assert all(r["steps"] == 4 and 0 < r["ar_tokens"] < r["tokens"] == 8 * 32
-               for r in rows.values())
+    monkeypatch.setattr(train, "LM_LRS", (3e-2, 0.3))     # both chosen, 4 steps
+    overrides = {**{k: v for k, v in LM_TINY.items() if k != "progress"}, "num_valid": 4,
+                 "corpus": str(corpus)}
+    summary = train.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
+    rows = summary["rows"]
+    assert [(r["label"], r["seed"]) for r in rows] == [
+        (label, seed) for label in train.LM_MODELS for seed in train.LM_SEEDS]
+    assert all(r["steps"] == 4 and 0 < r["ar_tokens"] < r["tokens"] == 8 * 32 for r in rows)
+    # the rate: the least validation loss of the first seed's runs, one per rate
+    records = {(r["config"]["label"], r["config"]["lr"], r["config"]["seed"]): r
+               for r in train.load_records(tmp_path / "results" / "lm")}
+    assert len(records) == len(train.LM_MODELS) * 3        # 2 rates, then the second seed
+    for r in rows:
+        losses = [records[r["label"], lr, 0]["valid_loss"] for lr in train.LM_LRS]
+        assert summary["lr_valid_loss"][r["label"]] == losses
+        assert r["lr"] == train.LM_LRS[losses.index(min(losses))]
+        assert r["valid_loss"] == records[r["label"], r["lr"], r["seed"]]["valid_loss"]
+        assert [s for s, _ in r["curve"]] == [2, 4]              # every evaluation's loss
+    assert len({r["lr"] for r in rows}) == 2, "a choice that never varies tests nothing"
     # the slices partition the tokens: log ppl is the token-weighted mean of the two
-    for r in rows.values():
+    for r in rows:
         weighted = (r["ar_tokens"] * math.log(r["ppl_ar"])
                     + (r["tokens"] - r["ar_tokens"]) * math.log(r["ppl_other"])) / r["tokens"]
         assert math.log(r["ppl"]) == pytest.approx(weighted, rel=1e-9)
-    assert math.isnan(rows["attention"]["ar_share"]) and not math.isnan(rows["h3"]["ar_share"])
+        assert math.isnan(r["ar_share"]) == (r["label"] == "attention")
     # lm.json is strict JSON (no NaN literal): attention's share is null
     written = json.loads((tmp_path / "results" / "lm.json").read_text(),
                          parse_constant=lambda c: pytest.fail(f"{c} in lm.json"))
     assert written["rows"][0]["label"] == "attention" and written["rows"][0]["ar_share"] is None
-    # a looser threshold only adds hits; the row at the experiment's threshold is the table's
-    by_t = summary["by_threshold"]
-    assert [t["threshold"] for t in by_t] == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
-    assert all(a["ar_tokens"] <= b["ar_tokens"] for a, b in zip(by_t, by_t[1:]))
-    main = next(t for t in by_t if t["threshold"] == 10 ** 6)
-    assert main["ar_tokens"] == rows["h3"]["ar_tokens"]
-    assert main["ppl_ar"]["h3"] == rows["h3"]["ppl_ar"]
-    assert main["ar_share"]["h3"] == rows["h3"]["ar_share"] and "attention" not in main["ar_share"]
-    assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(train.LM_MODELS)
-    assert (tmp_path / "results" / "lm.png").stat().st_size > 5000
+    # a looser threshold only adds hits; the experiment's threshold is the rows' slice
+    ts = [t["threshold"] for t in summary["thresholds"]]
+    assert ts == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
+    counts = [t["ar_tokens"] for t in summary["thresholds"]]
+    assert counts == sorted(counts) and counts[ts.index(10 ** 6)] == rows[0]["ar_tokens"]
+    assert all(r["ppl_ar_by_threshold"][ts.index(10 ** 6)] == r["ppl_ar"] for r in rows)
+    assert all([g["num_pairs"] for g in r["appendix_g"]] == [2, 4, 8] for r in rows)
+    tables = train.lm_tables(summary)
+    assert len(tables[""].splitlines()) == 2 + len(rows)
+    assert len(tables["lr"].splitlines()) == 2 + len(train.LM_MODELS)
+    assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(records)
+    assert all(p.stat().st_size > 5000 for p in train.lm_outputs("results/lm")[1:])
     monkeypatch.setattr(train, "train", lambda config: pytest.fail("retrained a finished model"))
-    again = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
-    assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in summary["rows"]]
-    # another out_dir: the summary and figures go beside it, results/lm.* stay as they were
-    before = (tmp_path / "results" / "lm.json").read_text()
+    again = train.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
+    assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in rows]
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
-    train.run_lm_experiment({**overrides, "corpus": str(corpus), "max_steps": 2,
-                             "out_dir": "results/lm_short"}, threshold=10 ** 6, g_samples=4)
+    # one rate needs no validation split; another out_dir leaves results/lm.* as they were
+    before = (tmp_path / "results" / "lm.json").read_text()
+    with pytest.raises(ValueError, match="num_valid=0 is not allowed while the experiment "
+                                         "chooses among 3 learning rates"):
+        train.run_lm_experiment({**overrides, "num_valid": 0})
+    short = train.run_lm_experiment({**overrides, "num_valid": 0, "lr": 1e-3, "seed": 5,
+                                     "max_steps": 2, "out_dir": "results/lm_short"},
+                                    threshold=10 ** 6, g_samples=4)
     assert (tmp_path / "results" / "lm.json").read_text() == before
-    short = json.loads((tmp_path / "results" / "lm_short.json").read_text())
-    assert all(r["steps"] == 2 for r in short["rows"])
-    assert all((tmp_path / "results" / f).exists()
-               for f in ("lm_short.png", "lm_short_appendix_g.png"))
+    assert {(r["lr"], r["seed"], r["steps"]) for r in short["rows"]} == {(1e-3, 5, 2)}
+    assert all(math.isnan(r["valid_loss"]) and r["curve"] == [] for r in short["rows"])
+    assert all(p.exists() for p in train.lm_outputs("results/lm_short"))
     out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm", "--mixer=h3"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2 and "--mixer is not allowed with --task=lm" in out.stderr
@@ -3129,26 +3149,29 @@ def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
 
 def test_gap_share_is_shown_only_where_there_is_a_gap():
     """Section 3.1's share needs a model worse than attention; one at or below it has no gap
-    to attribute, and the table says so instead of printing a ratio of two negatives."""
+    to attribute, and the table says so instead of printing a ratio of two negatives. Each
+    seed's share is against attention of the same seed."""
     assert train.gap_share_text(0.8, 12.0, 11.0) == "80%"
     assert train.gap_share_text(0.8, 10.0, 11.0) == "no gap"
     assert train.gap_share_text(float("nan"), 11.0, 11.0) == ""
-    rows = [dict(label="attention", n_params=1, steps=4, train_time_s=1.0, ppl=11.0,
-                 ppl_ar=2.0, ppl_other=12.0, ar_tokens=3, tokens=9, ar_share=float("nan")),
-            dict(label="h3", n_params=1, steps=4, train_time_s=1.0, ppl=12.0, ppl_ar=7.0,
-                 ppl_other=12.5, ar_tokens=3, tokens=9, ar_share=0.5)]
+    row = lambda label, seed, ppl, share: dict(
+        label=label, seed=seed, lr=1e-3, n_params=1, steps=4, train_time_s=1.0, final_loss=2.5,
+        valid_loss=None, ppl=ppl, ppl_ar=7.0, ppl_other=12.5, ar_tokens=3, tokens=9,
+        ar_share=share, ppl_ar_by_threshold=[7.0], appendix_g=[dict(num_pairs=2, ppl_ar=30.0)])
+    rows = [row("attention", 0, 11.0, None), row("attention", 1, 13.0, None),
+            row("h3", 0, 12.0, 0.5), row("h3", 1, 12.0, 0.5)]
     tables = train.lm_tables(dict(corpus="c", threshold=1, train_tokens=100, rows=rows,
-                                  by_threshold=[dict(threshold=1, ar_tokens=3,
-                                                     ppl_ar=dict(attention=2.0, h3=7.0),
-                                                     ar_share=dict(h3=0.5))],
-                                  appendix_g={"attention": [dict(num_pairs=2, ppl_ar=3.0)],
-                                              "h3": [dict(num_pairs=2, ppl_ar=30.0)]}),
-                             {"attention": 2.5, "h3": 2.75})
-    attention, h3 = tables[""].splitlines()[2:]
-    assert attention.split(" | ")[9] == "" and h3.split(" | ")[9] == "50%"   # gap due to AR
-    assert "12.06 / 6.75 / 12.60" in h3 and "2.75" in h3               # Table 1's H3 row
-    assert tables["thresholds"].splitlines()[2] == "| 1 | 3 | 2.0 | 7.0 |"
-    assert tables["appendix_g"].splitlines()[2:] == ["| attention | 3 |", "| H3 | 30 |"]
+                                  lrs=[1e-3, 1e-2], seeds=[0, 1],
+                                  lr_valid_loss=dict(attention=[2.0, None], h3=[2.5, 2.75]),
+                                  thresholds=[dict(threshold=1, ar_tokens=3)]))
+    lines = [line.split(" | ") for line in tables[""].splitlines()[2:]]
+    assert [line[12] for line in lines] == ["", "", "50%", "no gap"]         # gap due to AR
+    assert lines[2][7] == "–" and "12.06 / 6.75 / 12.60" in lines[2][13]    # Table 1's H3
+    assert tables["lr"].splitlines()[2:] == ["| attention | 2.000 | – | 0.001 |",
+                                             "| H3 | 2.500 | 2.750 | 0.001 |"]
+    assert tables["thresholds"].splitlines()[0] == "| model | seed | 1 (3 tokens) |"
+    assert tables["thresholds"].splitlines()[4] == "| H3 | 0 | 7.0 |"
+    assert tables["appendix_g"].splitlines()[2] == "| attention | 0 | 30 |"
 
 
 def test_appendix_g_scores_the_ar_and_filler_tokens():

@@ -1665,16 +1665,22 @@ def plot_sweep(name):
 PAPER_TABLE1 = {"attention": (11.01, 2.16, 12.45), "hyena": (11.60, 5.00, 12.28),
                 "rwkv": (11.64, 5.70, 12.29), "h3": (12.06, 6.75, 12.60),
                 "long_conv": (16.98, 25.62, 16.46)}
-LM_MODELS = {"attention": "attention", "base_conv": BASE_CONV, "hyena": "hyena", "h3": "h3",
-             "rwkv": "rwkv"}
-LM_LABELS = {"attention": "attention", "base_conv": "BaseConv", "hyena": "Hyena", "h3": "H3",
-             "rwkv": "RWKV"}                     # the tables' names for them
-# one recipe for every model: same width and depth, the CPU recipe's optimiser, a budget of
-# minutes per model on two cores (README, "The recall gap on real text")
+LM_MODELS = {"attention": "attention:rotary=true",
+             "attention_short_conv": "attention:rotary=true:short_conv=3",
+             "base_conv": BASE_CONV, "hyena": "hyena", "h3": "h3", "rwkv": "rwkv"}
+LM_LABELS = {"attention": "attention", "attention_short_conv": "attention + short conv",
+             "base_conv": "BaseConv", "hyena": "Hyena", "h3": "H3", "rwkv": "RWKV"}
+# one recipe for every model, so that only the mixer differs: the same width and depth and
+# the Llama block around each mixer (RMSNorm, a SwiGLU MLP; the paper's attention baseline
+# follows the Llama recipe, Section 3.1), no learned positions (attention turns q and k by
+# rotary positions), a budget of minutes per model on two cores (README, "The recall gap
+# on real text"). The learning rate is each model's own: LM_LRS, chosen on validation.
 LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4, mlp=True,
-                 batch_size=32, lr=3e-3, num_train=25_600, num_test=500, num_valid=0,
-                 max_steps=800, eval_every=200, eval_probe=0, target_acc=1.0,
-                 save_model=True, out_dir="results/lm")
+                 block="rms_pre_norm", position_embedding="none", batch_size=32,
+                 num_train=25_600, num_test=500, num_valid=500, max_steps=800, eval_every=200,
+                 eval_probe=0, target_acc=1.0, save_model=True, out_dir="results/lm")
+LM_LRS = (1e-3, 3e-3, 1e-2)        # each model's rate: the least validation loss of these
+LM_SEEDS = (0, 1)                  # the first chooses the rate, every one trains at it
 
 
 @torch.no_grad()
@@ -1708,65 +1714,107 @@ APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4
 
 
 def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
-    """Section 3.1 on a corpus: train LM_MODELS with LM_RECIPE (and `overrides`, Config keys),
-    score every token of the held-out contexts, and slice the perplexity by AR hits
-    (mqar.ar_hits; threshold None: the paper's 1,250 scaled to the training tokens); then run
-    appendix G on them (g_samples sequences per P). Writes lm_outputs(out_dir), by default
-    results/lm.json, results/lm.png and results/lm_appendix_g.png; returns the summary that
-    the JSON holds."""
+    """Section 3.1 on a corpus: LM_MODELS with LM_RECIPE (and `overrides`, Config keys).
+
+    1. Every model trains at every rate of LM_LRS with the first seed of LM_SEEDS; its rate
+       is the one of least validation loss (the validation split: held-out contexts after
+       the test ones; the test split decides nothing).
+    2. Every model trains with the other seeds at its rate.
+    3. Each (model, seed) scores every token of the held-out test contexts, and its
+       perplexity is sliced as Section 3.1 does: on AR hits (mqar.ar_hits; threshold None:
+       the paper's 1,250 scaled to the training tokens) and on the other tokens, with the
+       share of its gap to attention (of the same seed) due to the AR hits; then appendix G
+       on it (g_samples sequences per P).
+    An `lr` or `seed` among the overrides fixes it (no choice; one seed). Finished runs are
+    loaded, not trained again: a killed experiment resumes at the run it was in. Writes
+    lm_outputs(out_dir), by default results/lm.json (the summary this returns) and
+    results/lm.png, lm_curves.png and lm_appendix_g.png.
+    """
     settings = {**LM_RECIPE, **(overrides or {})}
-    # a stack of several mixers (BaseConv's short, then long) repeats over the layers
-    configs = {label: make_config(**{**settings, "label": label, "mixer": ",".join(
-                   itertools.islice(itertools.cycle(mixer.split(",")), settings["n_layers"]))})
-               for label, mixer in LM_MODELS.items()}
-    config = configs["attention"]                      # every model sees the same data
-    _, (x_test, y_test), _ = lm_data(config)
-    rows, nll, models = [], {}, {}
-    for label, config in tqdm(configs.items(), desc="language models", unit="model"):
-        models[label], record = trained_model(config)
-        nll[label] = token_nll(models[label], x_test, y_test)
-        rows.append(dict(label=label, mixer=config.mixer, n_params=record["n_params"],
-                         steps=record["steps"], train_time_s=record["train_time_s"]))
-    train_ids, _, vocabulary = corpus_streams(config.corpus or None, config.vocab_size)
+    lrs = (settings.pop("lr"),) if "lr" in settings else LM_LRS
+    seeds = (settings.pop("seed"),) if "seed" in settings else LM_SEEDS
+    if len(lrs) > 1 and settings["num_valid"] == 0:
+        raise ValueError(f"num_valid=0 is not allowed while the experiment chooses among "
+                         f"{len(lrs)} learning rates: the choice reads the validation loss; "
+                         "give num_valid > 0, or one --lr")
+
+    def config(label, lr, seed):          # a stack of mixers repeats over the layers
+        stack = itertools.islice(itertools.cycle(LM_MODELS[label].split(",")),
+                                 settings["n_layers"])
+        return make_config(**{**settings, "label": label, "mixer": ",".join(stack), "lr": lr,
+                              "seed": seed})
+
+    valid_loss = {}
+    for label, lr in tqdm([(label, lr) for label in LM_MODELS for lr in lrs],
+                          desc="learning rates", unit="run", disable=len(lrs) == 1):
+        record = finished_record(config(label, lr, seeds[0])) or train(config(label, lr, seeds[0]))
+        valid_loss[label, lr] = record.get("valid_loss", math.nan)
+    least = lambda label: lambda lr: (math.inf if math.isnan(valid_loss[label, lr])
+                                      else valid_loss[label, lr])
+    chosen = {label: min(lrs, key=least(label)) for label in LM_MODELS}
+
+    any_run = config(next(iter(LM_MODELS)), lrs[0], seeds[0])     # the held-out data of all
+    _, (x_test, y_test), _ = lm_data(any_run)
+    train_ids, _, vocabulary = corpus_streams(any_run.corpus or None, any_run.vocab_size)
     threshold = scaled_threshold(len(train_ids)) if threshold is None else threshold
     contexts = torch.cat([x_test[:, :1], y_test], 1).numpy()                 # (B, T + 1)
     # the AR hits at the experiment's threshold and, to show how the slice depends on the
     # frequency cut, at looser ones and at none (no bigram occurs more often than that)
     bigrams = bigram_counts(train_ids, len(vocabulary))
-    hits = {t: ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:]
-            for t in sorted({threshold, 10, 100, len(train_ids)})}
+    thresholds = sorted({threshold, 10, 100, len(train_ids)})
+    hits = {t: ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:] for t in thresholds}
+    # appendix G at the models' own length: P up to seq_len / 4, the vocabulary but <unk>
+    # and <eof>, its most frequent character (id 2) as the filler
+    pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= any_run.seq_len]
+    rows, nll = [], {}
+    for label, seed in tqdm([(label, seed) for label in LM_MODELS for seed in seeds],
+                            desc="language models", unit="model"):
+        model, record = trained_model(config(label, chosen[label], seed))
+        nll[label, seed] = token_nll(model, x_test, y_test)
+        rows.append(dict(
+            label=label, seed=seed, lr=chosen[label], mixer=record["config"]["mixer"],
+            n_params=record["n_params"], steps=record["steps"],
+            train_time_s=record["train_time_s"], final_loss=record["history"][-1]["loss"],
+            valid_loss=record.get("valid_loss", math.nan),
+            curve=[[e["step"], e["valid_loss"]] for e in record["history"] if "valid_loss" in e],
+            **sliced_perplexity(nll[label, seed], hits[threshold]),
+            ppl_ar_by_threshold=[sliced_perplexity(nll[label, seed], hits[t])["ppl_ar"]
+                                 for t in thresholds],
+            appendix_g=appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
+                                  pairs, g_samples, any_run.seq_len, batch_size=50)))
     for row in rows:
-        row.update(sliced_perplexity(nll[row["label"]], hits[threshold]))
-        row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits[threshold])
-                           if row["label"] != "attention" else float("nan"))
-    by_threshold = [dict(threshold=t, ar_tokens=int(h.sum()), ppl_ar={
-                        label: sliced_perplexity(v, h)["ppl_ar"] for label, v in nll.items()},
-                        ar_share={label: ar_gap_share(nll["attention"], v, h)
-                                  for label, v in nll.items() if label != "attention"})
-                    for t, h in hits.items()]
-    # appendix G on the same models, at their own length: P up to seq_len / 4, the
-    # vocabulary but <unk> and <eof>, its most frequent character (id 2) as the filler
-    pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= config.seq_len]
-    curves = {label: appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
-                                pairs, g_samples, config.seq_len, batch_size=50)
-              for label, model in models.items()}
-    summary = dict(corpus=config.corpus or "the Python standard library",
-                   train_tokens=len(train_ids), threshold=threshold, rows=rows,
-                   by_threshold=by_threshold, appendix_g=curves)
-    summary_path, bars_path, curves_path = lm_outputs(config.out_dir)
+        reference = nll.get(("attention", row["seed"]))
+        row["ar_share"] = (math.nan if reference is None or row["label"] == "attention" else
+                           ar_gap_share(reference, nll[row["label"], row["seed"]],
+                                        hits[threshold]))
+    summary = dict(corpus=any_run.corpus or "the Python standard library",
+                   train_tokens=len(train_ids), threshold=threshold, lrs=list(lrs),
+                   seeds=list(seeds), tokens_per_step=any_run.batch_size * any_run.seq_len,
+                   lr_valid_loss={label: [valid_loss[label, lr] for lr in lrs]
+                                  for label in LM_MODELS},
+                   thresholds=[dict(threshold=t, ar_tokens=int(hits[t].sum()))
+                               for t in thresholds], rows=rows)
+    summary_path, bars_path, curves_path, g_path = lm_outputs(any_run.out_dir)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(strict_json(summary))
-    plot_lm(rows, bars_path)
-    plot_appendix_g(curves, curves_path,
-                    f"appendix G on the LMs of --task=lm (N = {config.seq_len})")
+    budget = (f"{any_run.max_steps:,} steps of {summary['tokens_per_step']:,} tokens, "
+              f"seeds {', '.join(map(str, seeds))}")
+    plot_lm(rows, bars_path, budget)
+    plot_lm_curves(rows, summary["tokens_per_step"], curves_path, budget)
+    plot_appendix_g({LM_LABELS.get(r["label"], r["label"]): r["appendix_g"]
+                     for r in rows if r["seed"] == seeds[0]}, g_path,
+                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, "
+                    f"seed {seeds[0]})")
     return summary
 
 
 def lm_outputs(out_dir):
     """The files an LM experiment with records in `out_dir` writes beside that folder: its
-    summary (JSON), the sliced perplexities and the appendix G curves (PNG)."""
+    summary (JSON), the sliced perplexities, the validation curves and the appendix G
+    curves (PNG)."""
     folder = Path(out_dir)
     return (folder.with_name(folder.name + ".json"), folder.with_name(folder.name + ".png"),
+            folder.with_name(folder.name + "_curves.png"),
             folder.with_name(folder.name + "_appendix_g.png"))
 
 
@@ -1789,20 +1837,59 @@ def gap_share_text(share, ppl, ppl_attention):
     return f"{100 * share:.0f}%" if ppl > ppl_attention else "no gap"
 
 
-def plot_lm(rows, path):
-    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model."""
+def plot_lm(rows, path, budget):
+    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model:
+    each bar the geometric mean over the model's seeds (the perplexity of their tokens
+    pooled), each seed a dot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
     for i, (key, name) in enumerate([("ppl", "all tokens"), ("ppl_ar", "AR hits"),
                                      ("ppl_other", "other tokens")]):
-        ax.bar([j + 0.27 * (i - 1) for j in range(len(rows))], [r[key] for r in rows],
-               width=0.27, label=name)
-    ax.set_xticks(range(len(rows)), [r["label"] for r in rows])
+        x = [j + 0.27 * (i - 1) for j in range(len(labels))]
+        seeds = [[r[key] for r in rows if r["label"] == label] for label in labels]
+        ax.bar(x, [math.exp(np.mean(np.log(v))) for v in seeds], width=0.27, label=name,
+               color=f"C{i}", alpha=0.7)
+        for xi, v in zip(x, seeds):
+            ax.plot([xi] * len(v), v, "k.", ms=3)
+    ax.set_xticks(range(len(labels)), [LM_LABELS.get(label, label) for label in labels],
+                  fontsize=7)
     ax.set(ylabel="perplexity (log scale)", yscale="log",
-           title="held-out perplexity, sliced by AR hits (Section 3.1)")
+           title=f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_lm_curves(rows, tokens_per_step, path, budget):
+    """Validation perplexity against training tokens, log-log (where a power law is a
+    line, so that the reader sees where each curve is heading): one colour per model, one
+    line style per seed, each model at its chosen rate."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    seeds = sorted({r["seed"] for r in rows})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        if not r["curve"]:
+            continue
+        steps, loss = zip(*r["curve"])
+        name = LM_LABELS.get(r["label"], r["label"])
+        ax.plot([s * tokens_per_step for s in steps], np.exp(loss), marker="o", ms=3,
+                color=model_color(name), ls=("-", "--", ":", "-.")[seeds.index(r["seed"]) % 4],
+                label=f"{name} (lr {r['lr']:g}, seed {r['seed']})")
+    ax.set(xscale="log", yscale="log", xlabel="training tokens",
+           ylabel="validation perplexity (full split)",
+           title=f"validation perplexity while training\n{budget}")
+    if any(r["curve"] for r in rows):
+        ax.legend(fontsize=6)
+    else:
+        ax.text(0.5, 0.5, "no validation split (num_valid = 0)", ha="center",
+                transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -1870,10 +1957,11 @@ def plot_appendix_g(curves, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for i, (label, rows) in enumerate(curves.items()):
+    for label, rows in curves.items():
         P = [r["num_pairs"] for r in rows]
-        ax.plot(P, [r["ppl_ar"] for r in rows], marker="o", color=f"C{i}", label=f"{label}, AR")
-        ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=f"C{i}",
+        ax.plot(P, [r["ppl_ar"] for r in rows], marker="o", color=model_color(label),
+                label=f"{label}, AR")
+        ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=model_color(label),
                 label=f"{label}, filler")
     ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity",
            title=title)
@@ -2036,37 +2124,45 @@ def runs_table(records, name="", curves=False):
     return markdown(header, table)
 
 
-def lm_results(out_dir):
-    """An LM experiment's summary (its JSON) and each model's final training loss (its
-    record), as lm_tables takes them."""
-    summary = json.loads(lm_outputs(out_dir)[0].read_text())
-    return summary, {r["config"]["label"]: r["history"][-1]["loss"] for r in load_records(out_dir)}
+def lm_summary(out_dir):
+    """The summary an LM experiment with records in `out_dir` wrote (run_lm_experiment)."""
+    return json.loads(lm_outputs(out_dir)[0].read_text())
 
 
-def lm_tables(s, final_loss):
-    """The three tables of an LM experiment (run_lm_experiment's summary `s` and the models'
-    final training losses): the sliced perplexities next to the paper's Table 1, the AR
-    perplexity by the threshold of an AR hit, and appendix G's AR perplexity by P."""
-    reference = next(r["ppl"] for r in s["rows"] if r["label"] == "attention")
-    names = {label: LM_LABELS.get(label, label) for label in (r["label"] for r in s["rows"])}
+def lm_tables(s):
+    """The four tables of an LM experiment (run_lm_experiment's summary `s`): each (model,
+    seed)'s sliced perplexities next to the paper's Table 1; the validation loss of each
+    model at each rate (the first seed), and the rate chosen; the AR perplexity by the
+    threshold of an AR hit; and appendix G's AR perplexity by P."""
+    name = lambda label: LM_LABELS.get(label, label)
+    number = lambda x, digits: "–" if x is None else f"{x:.{digits}f}"     # None: NaN in JSON
+    reference = {r["seed"]: r["ppl"] for r in s["rows"] if r["label"] == "attention"}
     sliced = markdown(
-        ["model", "params", "steps", "training s", "final training loss", "ppl", "AR ppl",
-         "other ppl", "AR tokens", "gap due to AR", "the paper (Table 1: ppl / AR / other)"],
-        [[names[r["label"]], f"{r['n_params']:,}", f"{r['steps']:,}", f"{r['train_time_s']:.0f}",
-          f"{final_loss[r['label']]:.2f}", f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
+        ["model", "seed", "lr", "params", "steps", "training s", "final training loss",
+         "valid loss", "ppl", "AR ppl", "other ppl", "AR tokens", "gap due to AR",
+         "the paper (Table 1: ppl / AR / other)"],
+        [[name(r["label"]), str(r["seed"]), f"{r['lr']:g}", f"{r['n_params']:,}",
+          f"{r['steps']:,}", f"{r['train_time_s']:.0f}", f"{r['final_loss']:.2f}",
+          number(r["valid_loss"], 3), f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
           f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
-          gap_share_text(r["ar_share"], r["ppl"], reference),
-          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))] for r in s["rows"]])
+          gap_share_text(r["ar_share"], r["ppl"], reference.get(r["seed"], math.inf)),
+          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))]
+         for r in s["rows"]])
+    chosen = {r["label"]: r["lr"] for r in s["rows"]}
+    rates = markdown(
+        ["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
+        [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
+         for label, losses in s["lr_valid_loss"].items()])
     thresholds = markdown(
-        ["threshold", "AR tokens", *names.values()],
-        [[f"{t['threshold']:,}", f"{t['ar_tokens']:,}",
-          *(f"{t['ppl_ar'][label]:.1f}" for label in names)] for t in s["by_threshold"]])
-    curves = s["appendix_g"]
-    pairs = [row["num_pairs"] for row in next(iter(curves.values()))]
-    appendix = markdown(["AR perplexity", *(f"P = {p}" for p in pairs)],
-                        [[names[label], *(f"{row['ppl_ar']:,.0f}" for row in rows)]
-                         for label, rows in curves.items()])
-    return {"": sliced, "thresholds": thresholds, "appendix_g": appendix}
+        ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
+                            for t in s["thresholds"])],
+        [[name(r["label"]), str(r["seed"]), *(f"{v:.1f}" for v in r["ppl_ar_by_threshold"])]
+         for r in s["rows"]])
+    pairs = [g["num_pairs"] for g in s["rows"][0]["appendix_g"]]
+    appendix = markdown(["AR perplexity", "seed", *(f"P = {p}" for p in pairs)],
+                        [[name(r["label"]), str(r["seed"]),
+                          *(f"{g['ppl_ar']:,.0f}" for g in r["appendix_g"])] for r in s["rows"]])
+    return {"": sliced, "lr": rates, "thresholds": thresholds, "appendix_g": appendix}
 
 
 # the folders whose runs make one table each (not sweeps), and whether it shows the curves
@@ -2076,8 +2172,8 @@ RUN_TABLES = {"main": False, "every_mixer": False, "seeds": False, "figure2_cpu"
 
 def markdown_table(name):
     """`--table=NAME`: the README's table of results/NAME. A sweep's cells (fig2, fig6,
-    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:thresholds,
-    lm:appendix_g (and likewise for an LM experiment in another folder, e.g. lm_2400)."""
+    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:lr,
+    lm:thresholds, lm:appendix_g (and likewise for an LM experiment in another folder)."""
     folder, _, part = name.partition(":")
     if folder in PLOT_AXES:
         check_choice("table part", part, ("", "trend"))
@@ -2087,13 +2183,13 @@ def markdown_table(name):
     if folder in RUN_TABLES:
         return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
     if lm_outputs(f"results/{folder}")[0].exists():
-        tables = lm_tables(*lm_results(f"results/{folder}"))
+        tables = lm_tables(lm_summary(f"results/{folder}"))
         check_choice("table part", part, tuple(tables))
         return tables[part]
     raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
                      f"a folder of runs ({', '.join([*RUN_TABLES, *FOLDER_TABLES])}) or an LM "
                      "experiment with "
-                     "its summary in results/ (lm, lm:thresholds, lm:appendix_g)")
+                     "its summary in results/ (lm, lm:lr, lm:thresholds, lm:appendix_g)")
 
 
 # ----------------------------------------------------------------------------------------
@@ -2419,7 +2515,8 @@ def main(argv):
             for flag in ("--seeds", "--bench"):
                 if flag in flags:
                     raise ValueError(f"{flag} is not allowed with --task=lm: the experiment "
-                                     "trains one model of each kind with LM_RECIPE")
+                                     "trains every model of LM_MODELS with LM_RECIPE at the "
+                                     "seeds of LM_SEEDS (--seed=N: one seed)")
             threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
                          if "--ar_threshold" in flags else None)
             if threshold is not None and threshold < 0:
@@ -2430,8 +2527,10 @@ def main(argv):
             titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
                           f"{summary['threshold']:,} ({summary['train_tokens']:,} training "
                           "tokens)", "thresholds": "AR perplexity by the threshold of an AR hit",
+                      "lr": "validation loss at each learning rate (seed "
+                            f"{summary['seeds'][0]}), and the rate each model trains at",
                       "appendix_g": "appendix G: AR perplexity by the number of pairs P"}
-            for part, table in lm_tables(*lm_results(out_dir)).items():
+            for part, table in lm_tables(summary).items():
                 print(f"{titles[part]}\n{table}\n")
             print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
             return 0
