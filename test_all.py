@@ -2461,6 +2461,10 @@ def test_width_trend_is_a_permutation_test_of_the_correlation():
     assert train.width_trend(rising)[1] < 0.001
 
 
+def weights_of(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
 def test_llama_block_is_its_formula():
     """block="rms_pre_norm" with mlp and rotary attention, no learned positions: the Llama
     recipe. h = h + attention(RMSNorm₁(h)), h = h + W_o(silu(W_g a) ⊙ W_u a) with
