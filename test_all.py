@@ -2143,11 +2143,13 @@ def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):
     [row] = train.markdown_table("fig2_lr").splitlines()[2:]
     assert row == "| h3 | .950 .250 | .910 .900 | 2/4 |"
     assert train.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
+
+
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",
-    "results/hybrids/base_conv-kernel_size3+selective_attention-selectionrandom-N64-D4-d64-"
-    "lr0.003-s0-0cb78f17.json"]
+    "results/hybrids/base_conv-kernel_size3+selective_attention-selectionprogrammatic-N64-D4-"
+    "d64-lr0.003-s0-38f1599b.json"]
 
 
 @pytest.mark.parametrize("name", REPLAYED_RECORDS)
