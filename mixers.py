@@ -30,13 +30,18 @@ and the recurrences, linear attention and hybrids the paper studies or names:
                      top autocorrelation lags.
 
 Two forms, where the paper and the code behind its figures differ. Where the paper's text
-(or the mixer's own paper) defines the operator, that form is the default, form="paper".
-Where the official code (HazyResearch/zoology, read at commit d88d6f5) trained something
-else for a figure, form="official" computes that, and its docstring names the file and each
-difference; test_all.py checks every official form against a literal transcription of the
-official forward. train.py's `--preset=figure2` assembles the forms Figure 2 used.
+(or the mixer's own paper) defines the operator, that form is the class in MIXERS, and it
+reads straight through. Where the official code (HazyResearch/zoology, read at commit
+d88d6f5) trained something else for a figure, a class of its own beside it computes that
+(OFFICIAL_FORMS: OfficialBaseConv, OfficialHyena, OfficialH3, OfficialRWKV,
+OfficialSelectiveAttention), and its docstring names the file and each difference;
+test_all.py checks every official form against a literal transcription of the official
+forward. build_mixer(name, d_model, seq_len, form="official") builds one, as the mixer
+option form=official does in train.py; `--preset=figure2` assembles the forms Figure 2
+used. Under each paper form's heading, one line says what to copy to use it elsewhere.
 
-The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`):
+The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, and the
+official forms alike):
   forward(x)          x (B, T, d) -> y (B, T, d), causal: y[:, t] depends on x[:, :t+1] only.
   step(x_t, state)    x_t (B, d); state=None starts a sequence; returns (y_t, new_state)
                       with y_t == forward(x)[:, t]. The state is a tuple of tensors whose
@@ -191,26 +196,33 @@ def sliding_window_reference(q, k, v, window, dropout=0.0):
 
 def sliding_window_fast(q, k, v, window, dropout=0.0):
     """Each block of W queries attends to its own block and the one before (2W keys),
-    masked to i-W < j <= i: B·H·T·2W scores, time and memory linear in T.
+    masked to i-W < j <= i: B·H·T·2W scores, time and memory linear in T. Block 0 has no
+    block before it: it is causal attention on its own W tokens.
 
-    T is padded to a multiple of W (the padded queries are dropped; real queries never
-    see padded keys) and the keys by W in front (block 0's "block before", masked off).
+    The key blocks are windows of k and v (unfold, a view: no copy), and T is padded to a
+    multiple of W only when it is not one (the padded queries are dropped; real queries
+    never see padded keys), so that beyond the scores the layer pays for one copy of the
+    output (the concatenation of block 0 and the rest).
     """
     B, H, T, hs = q.shape
     W = window
     if W >= T:                                  # one window holds the whole sequence
         return attention_fast(q, k, v, dropout)
-    n = -(-T // W)                                                           # blocks
-    # query r and key s of block c are the tokens i = cW + r and j = cW - W + s
+    if T % W:
+        q, k, v = (F.pad(t, (0, 0, 0, -T % W)) for t in (q, k, v))
+    n = q.shape[2] // W                                                      # blocks
+    first = F.scaled_dot_product_attention(q[:, :, :W], k[:, :, :W], v[:, :, :W],
+                                           is_causal=True, dropout_p=dropout)
+    # query r of block c >= 1 is token i = cW + r, key s of its window is j = (c-1)W + s
     r, s = torch.arange(W, device=q.device)[:, None], torch.arange(2 * W, device=q.device)
-    mask = ((s > r) & (s <= r + W)).repeat(1, n, 1, 1)                      # i-W < j <= i
-    mask[:, 0, :, :W] = False                                  # block 0 has none before it
-    # mask (1, n, W, 2W): the fused CPU kernel takes 4-d masks only (else the unfused path)
-    q = F.pad(q, (0, 0, 0, n * W - T)).reshape(B * H, n, W, hs)
-    k, v = (F.pad(t, (0, 0, W, n * W - T)).reshape(B * H, (n + 1) * W, hs) for t in (k, v))
-    k, v = (t.unfold(1, 2 * W, W).transpose(2, 3) for t in (k, v))   # (B·H, n, 2W, hs), a view
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    return y.reshape(B, H, n * W, hs)[:, :, :T]                             # (B, H, T, hs)
+    mask = ((s > r) & (s <= r + W))[None, None]          # (1, 1, W, 2W): i-W < j <= i
+    q = q[:, :, W:].reshape(B * H, n - 1, W, hs)
+    k, v = (t.reshape(B * H, n * W, hs).unfold(1, 2 * W, W).transpose(2, 3)
+            for t in (k, v))                                  # (B·H, n-1, 2W, hs), views
+    # a 4-d mask (the fused CPU kernel takes no other), broadcast over the blocks
+    rest = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    y = torch.cat([first, rest.reshape(B, H, (n - 1) * W, hs)], dim=2)
+    return y[:, :, :T]                                                       # (B, H, T, hs)
 
 
 def blocked_attention_reference(q, k, v, block_size, dropout=0.0):
@@ -221,12 +233,15 @@ def blocked_attention_reference(q, k, v, block_size, dropout=0.0):
 
 def blocked_attention_fast(q, k, v, block_size, dropout=0.0):
     """Causal attention within reshaped blocks (B·H, T/b, b, hs): B·H·T·b scores, time and
-    memory linear in T. T is padded to a multiple of b; the padded queries are dropped."""
+    memory linear in T. T is padded to a multiple of b only when it is not one (the padded
+    queries are dropped)."""
     B, H, T, hs = q.shape
     b = block_size
     if b >= T:                                  # one block holds the whole sequence
         return attention_fast(q, k, v, dropout)
-    q, k, v = (F.pad(t, (0, 0, 0, -T % b)).reshape(B * H, -1, b, hs) for t in (q, k, v))
+    if T % b:
+        q, k, v = (F.pad(t, (0, 0, 0, -T % b)) for t in (q, k, v))
+    q, k, v = (t.reshape(B * H, -1, b, hs) for t in (q, k, v))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
     return y.reshape(B, H, -1, hs)[:, :, :T]                                # (B, H, T, hs)
 
@@ -266,6 +281,8 @@ class Attention(Mixer):
     The state of `step` is the KV cache: 2·t·d numbers after t tokens (and with short_conv
     the last K - 1 inputs).
     Subclasses narrow what a token sees by overriding `impls`, `form_args` and `cache_len`.
+    To copy: this class, attention_fast, attention_reference, causal_mask, rotary,
+    ShortConv (for the short convolution option) and Mixer.
     """
 
     uses_positions = True               # a set of keys under a mask: no order of its own
@@ -351,6 +368,8 @@ class SlidingWindowAttention(Attention):
     W >= T is exactly causal attention (the fast form then calls attention_fast).
     `step` keeps the W-1 most recent keys and values, all a later token can see:
     state 2·min(t, W-1)·d numbers, constant in t once t >= W-1.
+    To copy: this class, Attention, sliding_window_fast,
+    sliding_window_reference and sliding_window_mask.
     """
 
     impls = SLIDING_WINDOW_IMPLS
@@ -371,6 +390,8 @@ class BlockedAttention(Attention):
     `step` keeps the keys and values of the current block only: after t tokens that is
     t mod b of them (state 2·(t mod b)·d numbers; empty right after a block fills up,
     since the next token opens a new block).
+    To copy: this class, Attention, blocked_attention_fast,
+    blocked_attention_reference and block_mask.
     """
 
     impls = BLOCKED_ATTENTION_IMPLS
@@ -508,44 +529,47 @@ class ExplicitFilter(nn.Module):
 class ImplicitFilter(nn.Module):
     """h[c, n] = MLP(z_n)[c] · exp(-α_c t_n): Hyena's implicit filter (Poli et al. 2023, §3.3).
 
-    An MLP with sine activations maps the positional features z_n (positional_features) to
-    one value per channel, and an exponential decay window (exponential_decay) fades it.
-    Parameters do not grow with the length.
-    form="paper" (default): the features at frequencies 1..4, hidden width 32, one inner
-      layer, sin(x).
-    form="official": Zoology's hyena.Filter as Figure 2's Hyena ran it (emb_dim=3,
-      order=64, num_inner_mlps=2, w=1): the official features (OFFICIAL_FREQUENCIES), which
-      are a parameter there, hidden width 64, two inner layers, and sin(a ⊙ x) with one
-      learned frequency vector a (starting at 1) shared by its three activations.
+    An MLP with sine activations maps the positional features z_n (positional_features, at
+    frequencies 1..4) to one value per channel: hidden width 32, one inner layer, sin(x);
+    an exponential decay window (exponential_decay) fades it. Parameters do not grow with
+    the length. The official code's filter is OfficialImplicitFilter.
     `keeps_own_init`: a model's default initialisation leaves the MLP as PyTorch draws it,
     so that the filter starts non-trivial (the official init re-draws it at N(0, 0.02)).
     """
 
     keeps_own_init = True
 
-    def __init__(self, channels, length, form="paper"):
+    def __init__(self, channels, length, hidden=32, inner=1, frequencies=(1.0, 2.0, 3.0, 4.0)):
         super().__init__()
-        check_choice("form", form, ("paper", "official"))
-        official = form == "official"
-        frequencies = OFFICIAL_FREQUENCIES if official else (1.0, 2.0, 3.0, 4.0)
-        hidden, inner = (64, 2) if official else (32, 1)
-        z = positional_features(length, frequencies)                         # (K, 1+2F)
-        if official:
-            self.z = nn.Parameter(z)
-            self.frequency = nn.Parameter(torch.ones(hidden))
-        else:
-            self.register_buffer("z", z)
-            self.frequency = 1.0
-        self.layers = nn.ModuleList([nn.Linear(z.shape[1], hidden)] +
+        self.register_buffer("z", positional_features(length, frequencies))  # (K, 1+2F)
+        self.layers = nn.ModuleList([nn.Linear(self.z.shape[1], hidden)] +
                                     [nn.Linear(hidden, hidden) for _ in range(inner)])
         self.out = nn.Linear(hidden, channels, bias=False)
         self.register_buffer("decay", exponential_decay(length, channels))  # (channels, K)
 
+    def activation(self, a):
+        return torch.sin(a)
+
     def forward(self):
         a = self.z
         for layer in self.layers:
-            a = torch.sin(self.frequency * layer(a))                         # (K, hidden)
+            a = self.activation(layer(a))                                   # (K, hidden)
         return self.out(a).T * self.decay                                    # (channels, K)
+
+
+class OfficialImplicitFilter(ImplicitFilter):
+    """Zoology's hyena.Filter as Figure 2's Hyena ran it (emb_dim=3, order=64,
+    num_inner_mlps=2, w=1): the official features (OFFICIAL_FREQUENCIES), which are a
+    parameter there, hidden width 64, two inner layers, and sin(a ⊙ x) with one learned
+    frequency vector a (starting at 1) shared by its three activations."""
+
+    def __init__(self, channels, length):
+        super().__init__(channels, length, hidden=64, inner=2, frequencies=OFFICIAL_FREQUENCIES)
+        self.z = nn.Parameter(self.z)            # learned there; a buffer no more
+        self.frequency = nn.Parameter(torch.ones(64))
+
+    def activation(self, a):
+        return torch.sin(self.frequency * a)
 
 
 class MLPFilter(nn.Module):
@@ -579,12 +603,10 @@ class Convolution(Mixer):
     `step` keeps the last K-1 inputs: state min(t, K-1)·d numbers after t tokens.
     """
 
-    def __init__(self, d_model, kernel_size, filter, impl):
+    def __init__(self, filter, kernel_size, impl):
         super().__init__()
-        check_choice("filter", filter, tuple(FILTERS))
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        self.impl, self.kernel_size = impl, kernel_size
-        self.filter = FILTERS[filter](d_model, kernel_size)
+        self.impl, self.kernel_size, self.filter = impl, kernel_size, filter
 
     def forward(self, x):
         return causal_conv(x, self.filter(), self.impl)[0]                   # (B, T, d)
@@ -602,11 +624,13 @@ class ShortConv(Convolution):
     """Depthwise causal convolution with a short explicit filter, K = 3 by default.
 
     The official ShortConvolution (an nn.Conv1d) also adds a per-channel bias; we do not.
+    To copy: this class, Convolution, ExplicitFilter, causal_conv (with the forms in
+    CONV_IMPLS) and Mixer.
     """
 
     def __init__(self, d_model, seq_len, kernel_size=3, impl="fast"):
         check_positive("kernel_size", kernel_size)
-        super().__init__(d_model, kernel_size, "explicit", impl)
+        super().__init__(ExplicitFilter(d_model, kernel_size), kernel_size, impl)
 
 
 class LongConv(Convolution):
@@ -618,11 +642,14 @@ class LongConv(Convolution):
     seq_len are convolved with the filter as it is (zero past seq_len taps).
     `step` keeps the input history, state min(t, seq_len-1)·d = t·d for t < seq_len: a
     generic long filter has no smaller state.
+    To copy: this class, Convolution, the filter it names in FILTERS, causal_conv (with
+    the forms in CONV_IMPLS) and Mixer.
     """
 
     def __init__(self, d_model, seq_len, filter="explicit", impl="fast"):
         check_positive("seq_len", seq_len)
-        super().__init__(d_model, seq_len, filter, impl)
+        check_choice("filter", filter, tuple(FILTERS))
+        super().__init__(FILTERS[filter](d_model, seq_len), seq_len, impl)
 
 
 # ----------------------------------------------------------------------------------------
@@ -650,80 +677,100 @@ def conv1d_init_(*tensors, fan_in):
 
 
 class BaseConv(Mixer):
-    """BaseConv, in the paper's form (default) or the official code's (Figure 2's).
+    """BaseConv as the paper defines it (Section 4): y = (u·W + b1) ⊙ (h ∗ u + b2).
 
-    form="paper": y = (u·W + b1) ⊙ (h ∗ u + b2) (Section 4), with position-dependent biases
-      b1, b2 (T, d) and no residual: the layer appendix H composes. Its biases need the
-      position of each token, so `step` carries it (one number) and inputs are limited to
-      seq_len. The filter is explicit, h (d, K), as in the definition.
-    form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure 2's
-      BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u. For a short filter
-      (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a per-channel bias, both
-      drawn as PyTorch draws a Conv1d. For a long one conv(u) = h ∗ u + u (its fft_conv adds
-      u), with h the ReLU MLP of ImplicitLongConvolution (MLPFilter), no decay window.
+    Position-dependent biases b1, b2 (T, d) and no residual: the layer appendix H composes.
+    Its biases need the position of each token, so `step` carries it (one number) and
+    inputs are limited to seq_len. The filter is explicit, h (d, K), as in the definition.
     kernel_size: None (or seq_len) for a filter as long as the sequence, 3 for a short one.
-      Figure 2 stacks a short and a long layer (configs.py: kernel_size [3, -1, 3, -1]).
-    filter: None picks the form's filter ("explicit" in the paper form and for a short
-      official filter, "mlp" for a long official one); any key of FILTERS may be given.
-    `step` keeps the last K-1 inputs: min(t, K-1)·d numbers (+1 for the position, paper form).
+    `step` keeps the last K-1 inputs and the position: min(t, K-1)·d + 1 numbers.
+    To copy: this class, base_conv, ExplicitFilter, causal_conv (with the forms in
+    CONV_IMPLS) and Mixer. The layer Figure 2 trained is OfficialBaseConv (form="official").
     """
 
-    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, form="paper",
-                 impl="fast"):
+    def __init__(self, d_model, seq_len, kernel_size=None, impl="fast"):
         super().__init__()
         check_positive("seq_len", seq_len)
         if kernel_size is not None:
             check_positive("kernel_size", kernel_size,
                            "an integer >= 1, or None for a filter of seq_len taps")
-        kernel_size = seq_len if kernel_size is None else kernel_size
-        check_choice("form", form, ("paper", "official"))
-        self.long = kernel_size >= seq_len
-        if filter is None:
-            filter = "mlp" if form == "official" and self.long else "explicit"
-        check_choice("filter", filter, tuple(FILTERS))
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        self.seq_len, self.kernel_size, self.form, self.impl = seq_len, kernel_size, form, impl
-        self.proj = nn.Linear(d_model, d_model, bias=form == "official")
-        self.filter = FILTERS[filter](d_model, kernel_size)
-        if form == "paper":
-            self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
-            self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
-        elif not self.long:                   # an nn.Conv1d: its bias, and its taps if explicit
-            self.conv_bias = nn.Parameter(torch.empty(d_model))
-            conv1d_init_(self.conv_bias, *([self.filter.h] if filter == "explicit" else []),
-                         fan_in=kernel_size)
-
-    def _check_length(self, T):
-        if self.form == "paper" and T > self.seq_len:
-            raise ValueError(f"sequence length T={T} is not allowed: form='paper' has one "
-                             f"bias row per position, so T must be <= seq_len={self.seq_len}")
+        self.seq_len, self.impl = seq_len, impl
+        self.kernel_size = seq_len if kernel_size is None else kernel_size
+        self.proj = nn.Linear(d_model, d_model, bias=False)                  # W
+        self.filter = ExplicitFilter(d_model, self.kernel_size)              # h
+        self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
+        self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
 
     def _mix(self, u, past, t0):
         """u (B, T, d) at positions t0.. after the inputs `past`: (y, the inputs' state)."""
-        h = self.filter()                                                    # (d, K)
-        if self.form == "official":      # y = conv(u) ⊙ (u·W + b) + u, conv as in the docstring
-            conv, past = causal_conv(u, h, self.impl, past)
-            return (conv + (u if self.long else self.conv_bias)) * self.proj(u) + u, past
         end = t0 + u.shape[1]
-        self._check_length(end)
-        return base_conv(u, self.proj.weight.T, self.b1[t0:end], h, self.b2[t0:end],
-                         self.impl, past)
+        if end > self.seq_len:
+            raise ValueError(f"sequence length T={end} is not allowed: BaseConv has one bias "
+                             f"row per position, so T must be <= seq_len={self.seq_len}")
+        return base_conv(u, self.proj.weight.T, self.b1[t0:end], self.filter(),
+                         self.b2[t0:end], self.impl, past)
 
     def forward(self, x):
         return self._mix(x, None, 0)[0]
 
     def step(self, x_t, state=None):
-        if self.form == "official":
-            y, past = self._mix(x_t[:, None], None if state is None else state[0], 0)
-            return y[:, 0], (past,)
         past, position = (None, x_t.new_zeros(x_t.shape[0], 1, dtype=torch.long)) \
             if state is None else state                                      # position (B, 1)
         y, past = self._mix(x_t[:, None], past, int(position[0]))
         return y[:, 0], (past, position + 1)
 
     def state_size(self, t):
-        history = min(t, self.kernel_size - 1) * self.proj.in_features
-        return history + (self.form == "paper" and t > 0)
+        return min(t, self.kernel_size - 1) * self.proj.in_features + (t > 0)
+
+
+class OfficialBaseConv(Mixer):
+    """form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure
+    2's BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u.
+
+    For a short filter (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a
+    per-channel bias, both drawn as PyTorch draws a Conv1d. For a long one conv(u) = h ∗ u + u
+    (its fft_conv adds u), with h the ReLU MLP of ImplicitLongConvolution (MLPFilter), no
+    decay window. Figure 2 stacks a short and a long layer (configs.py: kernel_size
+    [3, -1, 3, -1]).
+    filter: None picks the official one ("explicit" for a short filter, "mlp" for a long
+    one); any key of FILTERS may be given.
+    `step` keeps the last K-1 inputs: min(t, K-1)·d numbers.
+    """
+
+    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, impl="fast"):
+        super().__init__()
+        check_positive("seq_len", seq_len)
+        if kernel_size is not None:
+            check_positive("kernel_size", kernel_size,
+                           "an integer >= 1, or None for a filter of seq_len taps")
+        self.kernel_size = seq_len if kernel_size is None else kernel_size
+        self.long = self.kernel_size >= seq_len
+        if filter is None:
+            filter = "mlp" if self.long else "explicit"
+        check_choice("filter", filter, tuple(FILTERS))
+        check_choice("impl", impl, tuple(CONV_IMPLS))
+        self.impl = impl
+        self.proj = nn.Linear(d_model, d_model)
+        self.filter = FILTERS[filter](d_model, self.kernel_size)
+        if not self.long:                     # an nn.Conv1d: its bias, and its taps if explicit
+            self.conv_bias = nn.Parameter(torch.empty(d_model))
+            conv1d_init_(self.conv_bias, *([self.filter.h] if filter == "explicit" else []),
+                         fan_in=self.kernel_size)
+
+    def _mix(self, u, past):
+        conv, past = causal_conv(u, self.filter(), self.impl, past)
+        return (conv + (u if self.long else self.conv_bias)) * self.proj(u) + u, past
+
+    def forward(self, x):
+        return self._mix(x, None)[0]
+
+    def step(self, x_t, state=None):
+        y, past = self._mix(x_t[:, None], None if state is None else state[0])
+        return y[:, 0], (past,)
+
+    def state_size(self, t):
+        return min(t, self.kernel_size - 1) * self.proj.in_features
 
 
 # ----------------------------------------------------------------------------------------
@@ -743,56 +790,29 @@ def hyena_operator(ps, v, hs, impl="fast", state=None):
     return z, tuple(pasts)
 
 
-def hyena_official_operator(x1, x2, v, h, bias, impl="fast", state=None):
-    """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
-    convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
-
-    x1, x2, v: (B, T, d); h: (d, K); bias: (d,), the fftconv's per-channel skip term.
-    state: the convolution's input history, as hyena_operator's (a tuple of one).
-    """
-    z = x1 * v                                                               # pre-gate
-    conv, past = causal_conv(z, h, impl, None if state is None else state[0])
-    return x2 * (conv + bias * z), (past,)
-
-
 class Hyena(Mixer):
     """Hyena of order L (appendix H.2.1, Algorithm 3; Poli et al., 2023).
 
-    form="paper" (default): Algorithm 3. A linear layer to (L+1)·d channels and a short
-      explicit convolution give p^1..p^L and v; L gated long convolutions with implicit
-      filters h^ℓ (ImplicitFilter); an output projection.
-    form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
-      short_filter_order=3): the same in_proj and short convolution (an nn.Conv1d, so with
-      a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
-      convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
-      bias ~ N(0, 1) per channel and h the official filter (ImplicitFilter form="official").
-      Its "order 2" counts the gates; Algorithm 3's L counts convolutions. Only order=2.
-    `step` keeps the last K_short-1 projected inputs and the history of each long
-    convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers, with
-    L = 1 in the official form.
+    A linear layer to (L+1)·d channels and a short explicit convolution give p^1..p^L and
+    v; L gated long convolutions with implicit filters h^ℓ (ImplicitFilter); an output
+    projection. `step` keeps the last K_short-1 projected inputs and the history of each
+    long convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers.
+    To copy: this class, hyena_operator, ImplicitFilter (with positional_features and
+    exponential_decay), ExplicitFilter, causal_conv (with the forms in CONV_IMPLS) and
+    Mixer. The layer Figure 2 trained is OfficialHyena (form="official").
     """
 
-    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, form="paper",
-                 impl="fast"):
+    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
         super().__init__()
         check_positive("seq_len", seq_len)
         check_positive("order", order)
         check_positive("short_kernel_size", short_kernel_size)
-        check_choice("form", form, ("paper", "official"))
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        if form == "official" and order != 2:
-            raise ValueError(f"order={order} is not allowed with form='official': the "
-                             "official operator has order 2 (two gates, one convolution)")
         self.d_model, self.seq_len, self.order, self.impl = d_model, seq_len, order, impl
-        self.form, self.short_kernel_size = form, short_kernel_size
-        self.n_long = 1 if form == "official" else order                     # long convolutions
+        self.short_kernel_size = short_kernel_size
         self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
         self.short_filter = ExplicitFilter((order + 1) * d_model, short_kernel_size)
-        self.long_filter = ImplicitFilter(self.n_long * d_model, seq_len, form=form)
-        if form == "official":
-            self.short_bias = nn.Parameter(torch.empty((order + 1) * d_model))
-            conv1d_init_(self.short_filter.h, self.short_bias, fan_in=short_kernel_size)
-            self.bias = nn.Parameter(torch.randn(d_model))
+        self.long_filter = ImplicitFilter(order * d_model, seq_len)
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _mix(self, x, state):
@@ -800,15 +820,9 @@ class Hyena(Mixer):
         d = x.shape[-1]
         u, short_past = causal_conv(self.in_proj(x), self.short_filter(), self.impl,
                                     None if state is None else state[0])
-        if self.form == "official":
-            u = u + self.short_bias
         *ps, v = u.split(d, dim=-1)                                          # (B, T, d) each
         hs = self.long_filter().split(d, dim=0)                              # (d, seq_len) each
-        long_state = None if state is None else state[1:]
-        if self.form == "official":
-            y, pasts = hyena_official_operator(*ps, v, hs[0], self.bias, self.impl, long_state)
-        else:
-            y, pasts = hyena_operator(ps, v, hs, self.impl, long_state)
+        y, pasts = hyena_operator(ps, v, hs, self.impl, None if state is None else state[1:])
         return self.out_proj(y), (short_past, *pasts)
 
     def forward(self, x):
@@ -821,7 +835,68 @@ class Hyena(Mixer):
     def state_size(self, t):
         d, L = self.d_model, self.order
         return (min(t, self.short_kernel_size - 1) * (L + 1) * d
-                + self.n_long * min(t, self.seq_len - 1) * d)
+                + L * min(t, self.seq_len - 1) * d)
+
+
+def hyena_official_operator(x1, x2, v, h, bias, impl="fast", state=None):
+    """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
+    convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
+
+    x1, x2, v: (B, T, d); h: (d, K); bias: (d,), the fftconv's per-channel skip term.
+    state: the convolution's input history, as hyena_operator's (a tuple of one).
+    """
+    z = x1 * v                                                               # pre-gate
+    conv, past = causal_conv(z, h, impl, None if state is None else state[0])
+    return x2 * (conv + bias * z), (past,)
+
+
+class OfficialHyena(Mixer):
+    """form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
+    short_filter_order=3). The same in_proj and short convolution as Hyena's (an nn.Conv1d,
+    so with a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
+    convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
+    bias ~ N(0, 1) per channel and h the official filter (OfficialImplicitFilter). Its
+    "order 2" counts the gates; Algorithm 3's L counts convolutions: only order=2.
+    `step`'s state: min(t, K_short-1)·3·d + min(t, seq_len-1)·d numbers.
+    """
+
+    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
+        super().__init__()
+        check_positive("seq_len", seq_len)
+        check_positive("short_kernel_size", short_kernel_size)
+        check_choice("impl", impl, tuple(CONV_IMPLS))
+        if order != 2:
+            raise ValueError(f"order={order} is not allowed with form='official': the "
+                             "official operator has order 2 (two gates, one convolution)")
+        self.d_model, self.seq_len, self.impl = d_model, seq_len, impl
+        self.short_kernel_size = short_kernel_size
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.short_filter = ExplicitFilter(3 * d_model, short_kernel_size)
+        self.long_filter = OfficialImplicitFilter(d_model, seq_len)
+        self.short_bias = nn.Parameter(torch.empty(3 * d_model))
+        conv1d_init_(self.short_filter.h, self.short_bias, fan_in=short_kernel_size)
+        self.bias = nn.Parameter(torch.randn(d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _mix(self, x, state):
+        d = x.shape[-1]
+        u, short_past = causal_conv(self.in_proj(x), self.short_filter(), self.impl,
+                                    None if state is None else state[0])
+        x1, x2, v = (u + self.short_bias).split(d, dim=-1)
+        y, pasts = hyena_official_operator(x1, x2, v, self.long_filter(), self.bias,
+                                           self.impl, None if state is None else state[1:])
+        return self.out_proj(y), (short_past, *pasts)
+
+    def forward(self, x):
+        return self._mix(x, None)[0]
+
+    def step(self, x_t, state=None):
+        y, state = self._mix(x_t[:, None], state)
+        return y[:, 0], state
+
+    def state_size(self, t):
+        return (min(t, self.short_kernel_size - 1) * 3 * self.d_model
+                + min(t, self.seq_len - 1) * self.d_model)
 
 
 # ----------------------------------------------------------------------------------------
@@ -892,41 +967,32 @@ class H3(Mixer):
     (default d_state: the official code uses one state size for both SSMs); its skip term
     is folded into tap 0.
     Diagonal SSM: S4D-Lin init, A_n = -1/2 + iπn, Δ log-uniform in [1e-3, 1e-1], C normal;
-    d_state real numbers per channel (d_state/2 complex modes and their conjugates).
-    form="paper" (default): zero-order-hold discretization (S4D's), shift taps N(0, 1/n).
-    form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with
-      d_state=N and head_dim=2 (configs.py; set those two as options): the bilinear
-      discretization of its SSKernelDiag, shift taps drawn as its SSKernelShift draws C
-      (U(±1/√n)) plus its skip ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official
-      kernels also train B (the shift SSM's, starting at e_0, and the diagonal SSM's,
-      starting at 1), which only reparametrises the same kernels; its output channels come
-      in (j, head) order, a permutation that the output projection absorbs.
+    d_state real numbers per channel (d_state/2 complex modes and their conjugates),
+    discretized by zero-order hold (S4D's). Shift taps start N(0, 1/n).
     Fast form: the SSM's kernel through the FFT convolution; reference: the direct sum.
     `step` runs both SSMs as recurrences: the state is the shift SSM's last inputs,
     min(t, shift_size-1)·d numbers, and the diagonal SSM's (d/head_dim)·head_dim²·d_state.
+    To copy: this class, diagonal_ssm_kernel, diagonal_ssm_step, ssm_discretize, exp_complex,
+    ExplicitFilter, causal_conv (with the forms in CONV_IMPLS) and Mixer. The layer Figure 2
+    trained is OfficialH3 (form="official").
     """
 
     rescale_out_proj = False   # the official output_linear escapes its _init_weights' rescale
+    discretization = "zoh"
 
     def __init__(self, d_model, seq_len, d_state=64, head_dim=1, shift_size=None,
-                 form="paper", impl="fast"):
+                 impl="fast"):
         super().__init__()
         check_even("d_state", d_state)
         check_divides("head_dim", head_dim, d_model)
         shift_size = d_state if shift_size is None else shift_size
         check_positive("shift_size", shift_size, "an integer >= 1, or None for d_state")
-        check_choice("form", form, ("paper", "official"))
         check_choice("impl", impl, tuple(CONV_IMPLS))
         H, n = d_model // head_dim, d_state // 2
         self.d_state, self.head_dim, self.shift_size = d_state, head_dim, shift_size
-        self.form, self.impl = form, impl
-        self.discretization = "bilinear" if form == "official" else "zoh"
+        self.impl = impl
         self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.shift_filter = ExplicitFilter(d_model, shift_size)
-        if form == "official":
-            conv1d_init_(self.shift_filter.h, fan_in=shift_size)
-            with torch.no_grad():
-                self.shift_filter.h[:, 0] += torch.randn(d_model)
+        self.shift_filter = self.shift_taps(d_model, shift_size)
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
         self.log_neg_A_re = nn.Parameter(torch.full((H, n), math.log(0.5)))
         self.A_im = nn.Parameter(math.pi * torch.arange(n).float().repeat(H, 1))
@@ -985,6 +1051,30 @@ class H3(Mixer):
         if t == 0:
             return 0                                    # no state before the first token
         return d * min(t, self.shift_size - 1) + d * self.head_dim * self.d_state
+
+    def shift_taps(self, d_model, shift_size):
+        """The shift SSM's C, a filter of shift_size taps, as first drawn."""
+        return ExplicitFilter(d_model, shift_size)
+
+
+class OfficialH3(H3):
+    """form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with d_state=N
+    and head_dim=2 (configs.py; set those two as options): the bilinear discretization of
+    its SSKernelDiag, shift taps drawn as its SSKernelShift draws C (U(±1/√n)) plus its skip
+    ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official kernels also train B (the
+    shift SSM's, starting at e_0, and the diagonal SSM's, starting at 1), which only
+    reparametrises the same kernels; its output channels come in (j, head) order, a
+    permutation that the output projection absorbs.
+    """
+
+    discretization = "bilinear"
+
+    def shift_taps(self, d_model, shift_size):
+        taps = ExplicitFilter(d_model, shift_size)
+        conv1d_init_(taps.h, fan_in=shift_size)
+        with torch.no_grad():
+            taps.h[:, 0] += torch.randn(d_model)
+        return taps
 
 
 # ----------------------------------------------------------------------------------------
@@ -1129,47 +1219,28 @@ class RWKV(Mixer):
     """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (Peng et al., 2023).
 
     x'_t = μ ⊙ x_t + (1-μ) ⊙ x_{t-1} with one μ each for r, k, v (x_{-1} = 0);
-    out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel.
-    form="paper" (default): one initialisation for every layer, after RWKV-4's ramps over
-      the channels i: w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i,
-      r_i = i/(d-1).
-    form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
-      with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
-      official default n_layer = 12 (Figure 2's configs do not pass it),
-      w_log = -5 + 8·(i/(d-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
-      μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). Deviation: the official CUDA
-      kernel returns wkv in bfloat16; ours stays in the input's precision.
+    out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel, with one
+    initialisation for every layer, after RWKV-4's ramps over the channels i:
+    w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i, r_i = i/(d-1).
     No channel-mixing block (the blocks of train.py hold the MLP, if any).
     State of `step`: (a, b, p) of wkv and the previous input: 4·d numbers at every t.
+    To copy: this class, wkv_chunked and wkv_step (with _merge, _empty, _add_term,
+    _pad_to_chunks, _at_least_float32) and Mixer. The layer Figure 2 trained is
+    OfficialRWKV (form="official"), which starts from other values.
     """
 
     rescale_out_proj = False   # the official layer is named `output`: no rescale
 
-    def __init__(self, d_model, seq_len, form="paper", layer_idx=0, impl="fast",
-                 chunk_size=64):
+    def __init__(self, d_model, seq_len, impl="fast", chunk_size=64):
         super().__init__()
-        check_choice("form", form, ("paper", "official"))
-        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
-            raise ValueError(f"layer_idx={layer_idx!r} is not allowed: layer_idx must be an "
-                             "integer >= 0")
         check_choice("impl", impl, tuple(WKV_IMPLS))
         check_positive("chunk_size", chunk_size)
         d = d_model
         self.impl, self.chunk_size = impl, chunk_size
-        i = torch.arange(d, dtype=torch.float32)
-        ramp = i / max(d - 1, 1)
-        if form == "official":
-            n_layer = 12
-            a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
-            w_log = -5 + 8 * ramp ** (0.7 + 1.3 * a)
-            u = math.log(0.3) + 0.5 * ((i + 1) % 3 - 1)
-            mix_r, mix_k, mix_v = (i / d) ** (0.5 * b), (i / d) ** b, (i / d) ** b + 0.3 * a
-        else:
-            w_log, u = -5 + 8 * ramp ** 0.7, torch.full((d,), math.log(0.3))
-            mix_r, mix_k, mix_v = ramp, ramp, ramp
-        self.w_log, self.u = nn.Parameter(w_log), nn.Parameter(u)
-        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(m.clone())
-                                              for m in (mix_r, mix_k, mix_v))
+        ramp = torch.arange(d, dtype=torch.float32) / max(d - 1, 1)
+        self.w_log = nn.Parameter(-5 + 8 * ramp ** 0.7)
+        self.u = nn.Parameter(torch.full((d,), math.log(0.3)))
+        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(ramp.clone()) for _ in range(3))
         self.receptance, self.key, self.value, self.out_proj = (
             nn.Linear(d, d, bias=False) for _ in range(4))
 
@@ -1200,6 +1271,32 @@ class RWKV(Mixer):
         if t == 0:
             return 0                                    # no state before the first token
         return 4 * self.out_proj.in_features
+
+
+class OfficialRWKV(RWKV):
+    """form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
+    with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
+    official default n_layer = 12 (Figure 2's configs do not pass it),
+    w_log = -5 + 8·(i/(d-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
+    μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). The same layer as RWKV's
+    otherwise. Deviation: the official CUDA kernel returns wkv in bfloat16; ours stays in
+    the input's precision.
+    """
+
+    def __init__(self, d_model, seq_len, layer_idx=0, impl="fast", chunk_size=64):
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx={layer_idx!r} is not allowed: layer_idx must be an "
+                             "integer >= 0")
+        super().__init__(d_model, seq_len, impl, chunk_size)
+        d, n_layer = d_model, 12
+        i = torch.arange(d, dtype=torch.float32)
+        a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
+        with torch.no_grad():                    # values only: nothing random is drawn
+            self.w_log.copy_(-5 + 8 * (i / max(d - 1, 1)) ** (0.7 + 1.3 * a))
+            self.u.copy_(math.log(0.3) + 0.5 * ((i + 1) % 3 - 1))
+            self.mix_r.copy_((i / d) ** (0.5 * b))
+            self.mix_k.copy_((i / d) ** b)
+            self.mix_v.copy_((i / d) ** b + 0.3 * a)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1302,6 +1399,8 @@ class RetNet(Mixer):
     position in the step state, and it is not tested, so it is left out); group norm without
     affine parameters and without RetNet's score normalisations (§2.4, for fp16 stability).
     State of `step`: one (hs, hs) matrix per head, d·d/H numbers at every t.
+    To copy: this class, retention_chunkwise, retention_recurrent, retention_parallel
+    (with _decay_matrix, _powers, _state_after, _read_state, _pad_to_chunks) and Mixer.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, impl="fast", chunk_size=32):
@@ -1473,6 +1572,8 @@ class Based(Mixer):
     the kernel 1 + s + s²/2 is at least 1/2.
     State of `step`: S (F, d/H) and z (F,) per head in the compact features,
     F = 1 + d' + d'(d'+1)/2: H·F·(d/H + 1) numbers.
+    To copy: this class, based_chunkwise, based_recurrent, based_parallel (with
+    taylor_feature_map_compact, _taylor_kernel, _read_linear_state, _pad_to_chunks) and Mixer.
     """
 
     rescale_out_proj = False   # the official layer is named proj_o: no rescale
@@ -1610,6 +1711,8 @@ class Mamba(Mixer):
     dt_bias is a separate parameter rather than dt_proj's bias (the official code marks
     that bias `_no_reinit` for the same reason).
     State of `step`: h (d_inner, N) and the last conv inputs: d_inner·(N + min(t, d_conv - 1)).
+    To copy: this class, selective_scan_chunked, selective_scan_sequential (with
+    _pad_to_chunks), causal_conv (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
     """
 
     keeps_own_init = True
@@ -1732,12 +1835,8 @@ class SelectiveAttention(Mixer):
     the paper's rule, the top_k rows of the whole sequence; it is NOT causal (a row's fate
     depends on later scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row
     on, as attention) and is a separate parameter so a model's "biases 0" initialisation
-    leaves it alone. top_k defaults to N/4, aux_weight to 1.
-    form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), learned
-    selection only: f = σ(u w) without a bias, y = f ⊙ attention(u) + u (the input passes
-    through every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions
-    with aux_weight 0.001 and k = √N (its defaults), and at inference (inference="topk",
-    its rule) the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u.
+    leaves it alone. top_k defaults to N/4, aux_weight to 1. The official code's learned
+    selection is OfficialSelectiveAttention (form="official").
     selection="programmatic" needs the token ids: `forward(x, tokens)` and
     `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
     pass them (other mixers take x only). It keeps every row whose token appeared before,
@@ -1755,6 +1854,8 @@ class SelectiveAttention(Mixer):
     selection on MQAR, where that count is the same for every example.
     State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic"
     (and the count of rows kept, with a budget), the seq_len drawn rows for "random".
+    To copy: this class, Attention (with the forms in ATTENTION_IMPLS), top_k_rows,
+    selection_aux_loss, programmatic_selection, first_repeats and Mixer.
     """
 
     takes_tokens = True
@@ -1762,42 +1863,27 @@ class SelectiveAttention(Mixer):
     # a pure selective-attention model reached 0.860 without positions, 0.242 with learned ones
 
     def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,
-                 inference=None, aux_weight=None, form="paper", impl="fast"):
+                 inference="threshold", aux_weight=1.0, impl="fast"):
         super().__init__()
         check_choice("selection", selection, ("learned", "programmatic", "random"))
-        check_choice("form", form, ("paper", "official"))
-        official = form == "official"
-        if official and selection != "learned":
-            raise ValueError(f"selection={selection!r} is not allowed with form='official': "
-                             "the official SigmoidLookups is the learned selection")
-        inference = ("topk" if official else "threshold") if inference is None else inference
         check_choice("inference", inference, ("threshold", "topk"))
         if top_k is not None:
             check_positive("top_k", top_k)
-        aux_weight = (0.001 if official else 1.0) if aux_weight is None else aux_weight
         if not aux_weight >= 0:
             raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
-        self.selection, self.inference, self.form = selection, inference, form
+        self.selection, self.inference = selection, inference
         self.top_k, self.aux_weight, self.seq_len = top_k, aux_weight, seq_len
         self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
         if selection == "learned":     # the other rules have no parameters of their own
-            # the official gate is an nn.Linear(d, 1, bias=False), which its init draws
-            # from N(0, 0.02)
-            self.gate = nn.Parameter(0.02 * torch.randn(d_model) if official
-                                     else torch.zeros(d_model))
-            if not official:
-                self.gate_bias = nn.Parameter(torch.tensor(2.0))
+            self.gate = nn.Parameter(torch.zeros(d_model))
+            self.gate_bias = nn.Parameter(torch.tensor(2.0))
 
     def _k(self, T):
-        """The row budget for a sequence of T: top_k, else N/4 (paper form) or √N (official;
-        ⌈√N⌉ rows at inference, as the official top-k)."""
-        if self.top_k is not None:
-            return self.top_k
-        return math.sqrt(T) if self.form == "official" else max(1, T // 4)
+        """The row budget for a sequence of T: top_k, else N/4."""
+        return self.top_k if self.top_k is not None else max(1, T // 4)
 
     def _gate(self, x):
-        bias = self.gate_bias if self.form == "paper" else 0.0
-        return torch.sigmoid(x @ self.gate + bias)                           # (B, T) or (B,)
+        return torch.sigmoid(x @ self.gate + self.gate_bias)                # (B, T) or (B,)
 
     def random_rows(self, B, device):
         """A fresh, uniformly random set of exactly top_k of the seq_len rows for each of B
@@ -1805,9 +1891,8 @@ class SelectiveAttention(Mixer):
         return top_k_rows(torch.rand(B, self.seq_len, device=device), self._k(self.seq_len))
 
     def selection_mask(self, x, tokens=None):
-        """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode; in
-        the official form the kept rows carry their soft f. Returns (f, the weighted
-        auxiliary loss, None but for the learned selection)."""
+        """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode.
+        Returns (f, the weighted auxiliary loss, None but for the learned selection)."""
         B, T, d = x.shape
         if self.selection == "programmatic":
             if tokens is None:
@@ -1822,18 +1907,16 @@ class SelectiveAttention(Mixer):
                                  f"seq_len={self.seq_len} positions")
             return self.random_rows(B, x.device)[:, :T].to(x.dtype), None
         f, k = self._gate(x), self._k(T)
-        aux = (official_selection_aux_loss if self.form == "official" else selection_aux_loss)
-        aux_loss = self.aux_weight * aux(f, k)
+        aux_loss = self.aux_weight * selection_aux_loss(f, k)
         if self.training:
             return f, aux_loss
-        keep = top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5
-        return (f * keep if self.form == "official" else keep.to(x.dtype)), aux_loss
+        keep = top_k_rows(f, k) if self.inference == "topk" else f > 0.5
+        return keep.to(x.dtype), aux_loss
 
     def forward(self, x, tokens=None):
         f, self.aux_loss = self.selection_mask(x, tokens)
         self.selected = f.detach()                 # the last forward's rows (train.py counts)
-        y = self.attention(x) * f[..., None]
-        return y + x if self.form == "official" else y
+        return self.attention(x) * f[..., None]
 
     def step(self, x_t, state=None, token=None):
         if self.selection == "learned" and self.inference == "topk":
@@ -1861,10 +1944,8 @@ class SelectiveAttention(Mixer):
             return y * rows[:, t, None].to(y.dtype), (*kv, rows)
         f = self._gate(x_t)
         if not self.training:
-            keep = f > 0.5
-            f = f * keep if self.form == "official" else keep.to(y.dtype)
-        y = y * f[:, None]
-        return (y + x_t if self.form == "official" else y), kv
+            f = (f > 0.5).to(y.dtype)
+        return y * f[:, None], kv
 
     def state_size(self, t):
         d = self.attention.out_proj.in_features
@@ -1873,6 +1954,51 @@ class SelectiveAttention(Mixer):
         if self.selection == "programmatic":
             return 2 * t * d + t + (self.top_k is not None)         # token ids (and count)
         return 2 * t * d + (self.seq_len if self.selection == "random" else 0)
+
+
+class OfficialSelectiveAttention(Mixer):
+    """form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), a learned
+    selection: f = σ(u w) without a bias (w drawn N(0, 0.02), as the official init draws
+    its nn.Linear(d, 1, bias=False)), y = f ⊙ attention(u) + u (the input passes through
+    every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions with
+    aux_weight 0.001 and k = √N (its defaults). At inference (inference="topk", its rule)
+    the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u; "threshold" keeps
+    the rows with f > 0.5 (causal: `step` runs it). State of `step`: the KV cache, 2·t·d.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=1, top_k=None, inference="topk",
+                 aux_weight=0.001, impl="fast"):
+        super().__init__()
+        check_choice("inference", inference, ("threshold", "topk"))
+        if top_k is not None:
+            check_positive("top_k", top_k)
+        if not aux_weight >= 0:
+            raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
+        self.inference, self.top_k, self.aux_weight = inference, top_k, aux_weight
+        self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
+        self.gate = nn.Parameter(0.02 * torch.randn(d_model))
+
+    def forward(self, x, tokens=None):
+        f = torch.sigmoid(x @ self.gate)                                     # (B, T)
+        k = self.top_k if self.top_k is not None else math.sqrt(x.shape[1])
+        self.aux_loss = self.aux_weight * official_selection_aux_loss(f, k)
+        if not self.training:         # the kept rows carry their soft f
+            f = f * (top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5)
+        self.selected = f.detach()                 # the last forward's rows (train.py counts)
+        return self.attention(x) * f[..., None] + x
+
+    def step(self, x_t, state=None):
+        if self.inference == "topk":
+            raise ValueError("inference='topk' is not allowed in step: the whole-sequence "
+                             "top-k is not causal; use inference='threshold'")
+        y, kv = self.attention.step(x_t, state)
+        f = torch.sigmoid(x_t @ self.gate)                                   # (B,)
+        if not self.training:
+            f = f * (f > 0.5)
+        return y * f[:, None] + x_t, kv
+
+    def state_size(self, t):
+        return 2 * t * self.attention.out_proj.in_features
 
 
 # ----------------------------------------------------------------------------------------
@@ -1952,6 +2078,8 @@ class InputDependentConv(Mixer):
     step(x_t, state, token) take the token ids, as selective attention does.
     State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
     and for "autocorrelation" the counts r(s) of the lags 1..n-1.
+    To copy: this class, input_dependent_conv_fast,
+    input_dependent_conv_reference, chosen_lags and Mixer.
     """
 
     takes_tokens = True
@@ -2022,6 +2150,22 @@ MIXERS = {
     "selective_attention": SelectiveAttention,
     "input_dependent_conv": InputDependentConv,
 }
+# form="official": the official code's layer, where Figure 2 trained another than the paper's
+OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,
+                  "rwkv": OfficialRWKV, "selective_attention": OfficialSelectiveAttention}
+
+
+def mixer_class(name, form="paper"):
+    """The class of mixer `name` in `form`: "paper" (MIXERS) or, where the official code
+    trained another layer for a figure, "official" (OFFICIAL_FORMS)."""
+    check_choice("mixer", name, tuple(MIXERS))
+    check_choice("form", form, ("paper", "official") if name in OFFICIAL_FORMS else ("paper",))
+    return OFFICIAL_FORMS[name] if form == "official" else MIXERS[name]
+
+
+def build_mixer(name, d_model, seq_len, form="paper", **options):
+    """MIXERS[name](d_model, seq_len, **options), or its official form (mixer_class)."""
+    return mixer_class(name, form)(d_model, seq_len, **options)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2060,8 +2204,8 @@ def bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
         x = torch.randn(B, T, d)
         for name, kwargs in rows:
             label = name + "".join(f" {k}={v}" for k, v in kwargs.items())
-            fast = MIXERS[name](d, T, impl="fast", **kwargs)
-            ref = MIXERS[name](d, T, impl="reference", **kwargs)
+            fast = build_mixer(name, d, T, impl="fast", **kwargs)
+            ref = build_mixer(name, d, T, impl="reference", **kwargs)
             ref.load_state_dict(fast.state_dict())
             extra = {"tokens": torch.randint(0, 16, (B, T))} if fast.takes_tokens else {}
             tf, tr = (_forward_seconds(partial(m, **extra), x) for m in (fast, ref))

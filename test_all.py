@@ -6,6 +6,7 @@ Symbols are the paper's, as in the modules (N sequence length, D key-value pairs
 with one exception: the mixer tests call a mixer's width D, because their written-out
 formulas loop over channels with d (mixers.py calls the width d and its sequence length T).
 """
+import ast
 import dataclasses
 import inspect
 import itertools
@@ -422,7 +423,7 @@ def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
 
 def make_mixer(name, D=16, T=24, dtype=F64, seed=0, **kwargs):
     torch.manual_seed(seed)
-    return MIXERS[name](D, T, **kwargs).to(dtype)
+    return mixers.build_mixer(name, D, T, **kwargs).to(dtype)
 
 
 def token_ids(x, c=4):
@@ -468,7 +469,6 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("long_conv", dict(filter="implicit")),
     ("long_conv", dict(filter="mlp")),
     ("base_conv", dict(kernel_size=3)),
-    ("base_conv", dict(filter="implicit")),
     ("base_conv", dict(form="official")),
     ("base_conv", dict(form="official", kernel_size=3)),
     ("base_conv", dict(form="official", filter="explicit")),
@@ -574,20 +574,25 @@ def test_gradients_reach_every_parameter(name, kw):
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
 
-@pytest.mark.parametrize("name", MIXERS)
-def test_a_registered_mixer_provides_the_interface(name):
+@pytest.mark.parametrize("name, form", [(name, "paper") for name in MIXERS] +
+                         [(name, "official") for name in mixers.OFFICIAL_FORMS])
+def test_a_registered_mixer_provides_the_interface(name, form):
     """What adding a mixer takes: a Mixer subclass built as cls(d_model, seq_len, **options)
     with a default for every option, boolean class facts, forward and step on (B, T, D) and
     (B, D), a tuple state with batch first, no state before the first token, and an
-    aux_loss that is None or a scalar after forward."""
-    cls = MIXERS[name]
+    aux_loss that is None or a scalar after forward. An official form is a class of its
+    own, not the paper's."""
+    cls = mixers.mixer_class(name, form)
+    assert (cls is MIXERS[name]) == (form == "paper")
     assert issubclass(cls, mixers.Mixer)
     d_model, seq_len, *options = inspect.signature(cls).parameters.values()
     assert (d_model.name, seq_len.name) == ("d_model", "seq_len")
     assert all(p.default is not p.empty for p in options), "every option has a default"
     for fact in ("uses_positions", "takes_tokens", "keeps_own_init", "rescale_out_proj"):
         assert isinstance(getattr(cls, fact), bool), fact
-    m = cls(16, 24)
+    # the official selection's default rule (top-k of the whole sequence) has no step
+    m = cls(16, 24, **({"inference": "threshold"}
+                       if cls is mixers.OfficialSelectiveAttention else {}))
     x, tokens = torch.randn(3, 24, 16), torch.randint(0, 5, (3, 24))
     extra = {"tokens": tokens} if cls.takes_tokens else {}
     assert m(x, **extra).shape == (3, 24, 16)
@@ -595,6 +600,50 @@ def test_a_registered_mixer_provides_the_interface(name):
     y_t, state = m.step(x[:, 0], None, **({"token": tokens[:, 0]} if cls.takes_tokens else {}))
     assert y_t.shape == (3, 16) and isinstance(state, tuple)
     assert all(s.shape[0] == 3 for s in state) and m.state_size(0) == 0
+
+
+def definitions_needed(name, path=Path(mixers.__file__)):
+    """The module-level definitions of mixers.py that `name` uses, and those they use, and so
+    on: what a reader copies to use it elsewhere."""
+    definitions = {}
+    for node in ast.parse(path.read_text()).body:
+        targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                   [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
+        definitions.update(dict.fromkeys(targets, node))
+    needed, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n not in needed and n in definitions and n != "MIXERS":
+            needed.add(n)
+            todo += [m.id for m in ast.walk(definitions[n]) if isinstance(m, ast.Name)]
+    return needed - {name}
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_a_paper_form_copies_without_the_official_machinery(name):
+    """A paper form uses no official class, function or filter (the official forms are
+    classes of their own), looks up a filter by name only where a filter is an option
+    (long_conv), and the "To copy:" line of its docstring names only what it uses."""
+    cls = MIXERS[name]
+    needed = definitions_needed(cls.__name__)
+    # long_conv's filter="mlp" is the official BaseConv's filter, over the official features
+    official = {n for n in needed if "official" in n.lower()}
+    assert official == ({"OFFICIAL_FREQUENCIES"} if name == "long_conv" else set()), needed
+    assert ("FILTERS" in needed) == (name == "long_conv")
+    copy_line = re.search(r"To copy: (.*?)\.", " ".join(cls.__doc__.split()))
+    assert copy_line, f"{cls.__name__}'s docstring says what to copy"
+    words = set(re.findall(r"\w+", copy_line.group(1)))
+    names = {w for w in words if not re.fullmatch("[a-z]+", w)}    # code, not English
+    assert names <= needed, names - needed
+
+
+def test_the_copy_of_a_paper_form_is_smaller_than_before_the_official_forms_moved_out():
+    """BaseConv used 18 definitions (268 lines) while the official forms were branches of its
+    class; on its own it uses the causal convolution, one filter and Mixer."""
+    assert definitions_needed("BaseConv") == {
+        "base_conv", "ExplicitFilter", "causal_conv", "causal_conv_direct", "causal_conv_fft",
+        "causal_conv_fast", "CONV_IMPLS", "SHORT_FILTER", "Mixer", "check_choice",
+        "check_positive"}
 
 
 # ----------------------------------------------------------------------------------------
@@ -818,7 +867,7 @@ def test_implicit_filter_decays_as_documented():
 def test_base_conv_paper_form_is_the_formula():
     """y[t, d] = (Σ_e u[t, e] W[e, d] + b1[t, d]) · (Σ_{s<=t} h[d, s] u[t-s, d] + b2[t, d])"""
     T, D = 6, 3
-    m = make_mixer("base_conv", D=D, T=T, form="paper", filter="explicit")
+    m = make_mixer("base_conv", D=D, T=T)
     with torch.no_grad():
         m.b1.normal_(), m.b2.normal_()
     u = torch.randn(2, T, D, dtype=F64)
@@ -905,7 +954,7 @@ def test_official_implicit_filter_is_hyenas_filter():
     exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, D)."""
     D, L = 6, 30
     torch.manual_seed(0)
-    f = mixers.ImplicitFilter(D, L, form="official").double()
+    f = mixers.OfficialImplicitFilter(D, L).double()
     with torch.no_grad():
         f.frequency.uniform_(0.5, 2.0)
     assert f.z.requires_grad and len(f.layers) == 3 and f.layers[0].out_features == 64
@@ -965,7 +1014,7 @@ def test_hyena_official_form_is_the_official_operator():
     y = (y + x * m.bias[:, None]).transpose(1, 2) * x2
     assert torch.allclose(m(u), m.out_proj(y), atol=1e-12)
     with pytest.raises(ValueError, match="order=3 is not allowed with form='official'"):
-        mixers.Hyena(D, T, order=3, form="official")
+        mixers.build_mixer("hyena", D, T, form="official", order=3)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1103,7 +1152,9 @@ def test_h3_state_does_not_grow():
     ("selective_attention", dict(form="softmax"), "form='softmax'"),
     ("selective_attention", dict(aux_weight=-1.0), "aux_weight=-1.0"),
     ("base_conv", dict(kernel_size=-1), "kernel_size=-1.*or None"),
-    ("base_conv", dict(filter="learned"), "filter='learned'"),
+    ("base_conv", dict(form="official", filter="learned"), "filter='learned'"),
+    ("base_conv", dict(form="paperish"), "form='paperish'"),
+    ("attention", dict(form="official"), "form='official'.*'paper'"),
     ("hyena", dict(order=0), "order=0"),
     ("hyena", dict(short_kernel_size=0), "short_kernel_size=0"),
     ("h3", dict(d_state=5), "d_state=5.*even"),
@@ -1121,9 +1172,9 @@ def test_h3_state_does_not_grow():
 ])
 def test_bad_arguments_name_the_argument(name, kwargs, match):
     with pytest.raises(ValueError, match=rf"{match}"):
-        MIXERS[name](16, 24, **kwargs)
+        mixers.build_mixer(name, 16, 24, **kwargs)
     with pytest.raises(ValueError, match="allowed"):
-        MIXERS[name](16, 24, **kwargs)
+        mixers.build_mixer(name, 16, 24, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["long_conv", "base_conv", "hyena"])
@@ -1248,7 +1299,7 @@ def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
     """zoology/mixers/rwkv.py's RWKVTimeMixer.__init__ with n_layer=12, its loops transcribed."""
     D = 16
     for layer_id in (0, 1):
-        m = mixers.RWKV(D, 24, form="official", layer_idx=layer_id)
+        m = mixers.OfficialRWKV(D, 24, layer_idx=layer_id)
         r01, r10 = layer_id / (12 - 1), 1.0 - layer_id / 12
         decay = [-5 + 8 * (h / (D - 1)) ** (0.7 + 1.3 * r01) for h in range(D)]
         zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(D)]
@@ -1259,7 +1310,7 @@ def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
                           (m.mix_r, [v ** (0.5 * r10) for v in x])):
             assert torch.allclose(got, torch.tensor(want), atol=1e-6)
     with pytest.raises(ValueError, match="layer_idx=-1"):
-        mixers.RWKV(D, 24, form="official", layer_idx=-1)
+        mixers.OfficialRWKV(D, 24, layer_idx=-1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1510,8 +1561,10 @@ def test_selective_attention_official_form_is_sigmoid_lookups():
     idx = torch.topk(sel, k=k, dim=1, sorted=False).indices.repeat(1, 1, 16)
     src = torch.gather(attn * sel, dim=1, index=idx)
     assert torch.allclose(m.eval()(x), x.clone().scatter_add_(1, idx, src), atol=1e-12)
-    with pytest.raises(ValueError, match="selection='programmatic' is not allowed"):
-        mixers.SelectiveAttention(16, T, selection="programmatic", form="official")
+    # the official layer is the learned selection: it has no other
+    with pytest.raises(ValueError, match="'selection=programmatic' of selective_attention is "
+                                         "not allowed"):
+        train.parse_layers("selective_attention:form=official:selection=programmatic", 1)
 
 
 def test_learned_gate_is_soft_in_training_and_hard_at_inference():

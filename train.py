@@ -80,7 +80,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import MIXERS, SelectiveAttention, check_choice, check_positive
+from mixers import (MIXERS, OFFICIAL_FORMS, OfficialSelectiveAttention, SelectiveAttention,
+                    build_mixer, check_choice, check_positive, mixer_class)
 from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, bigram_recall_sequences,
                   corpus_streams, multiquery_ar, query_key_positions, scaled_threshold,
                   sliced_perplexity)
@@ -286,15 +287,19 @@ def parse_layers(mixer, n_layers):
         if name not in MIXERS:
             raise ValueError(f"mixer={mixer!r} is not allowed: {name!r} is not one of "
                              f"{', '.join(MIXERS)}")
-        allowed = [p for p in inspect.signature(MIXERS[name]).parameters
-                   if p not in ("d_model", "seq_len")]
-        kwargs = {}
+        kwargs = {key: _option_value(text) for key, _, text in
+                  (option.partition("=") for option in options)}
+        # the options are those of the class of its form (official or paper)
+        cls = mixer_class(name, kwargs.get("form", "paper"))
+        allowed = [p for p in inspect.signature(cls).parameters
+                   if p not in ("d_model", "seq_len", "form")]
+        if name in OFFICIAL_FORMS:
+            allowed.append("form")
         for option in options:
             key, sep, text = option.partition("=")
             if not sep or key not in allowed:
                 raise ValueError(f"mixer option {option!r} of {name} is not allowed: write "
                                  f"key=value with key one of {', '.join(allowed)}")
-            kwargs[key] = _option_value(text)
         layers.append((name, kwargs))
     return layers * n_layers if len(layers) == 1 else layers
 
@@ -367,7 +372,7 @@ def check_config(config):
                          "be >= 3 (<unk>, <eof> and a token)")
     with torch.random.fork_rng(devices=[]):   # build one of each, so bad options fail here
         for name, kwargs in layers:
-            MIXERS[name](c.d_model, c.seq_len, **kwargs)
+            build_mixer(name, c.d_model, c.seq_len, **kwargs)
     return config
 
 
@@ -465,11 +470,12 @@ class LanguageModel(nn.Module):
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
-                   all(MIXERS[name].uses_positions for name, _ in layers)))
+                   all(mixer_class(name, kw.get("form", "paper")).uses_positions
+                       for name, kw in layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(MIXERS[name](c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
+            Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
             for name, kwargs in layers)
         self.norm = nn.LayerNorm(c.d_model)
         init_weights(self, c.init, c.n_layers, c.block)
@@ -605,7 +611,8 @@ def selected_rows(model, inputs, labels, batch_size=256):
     labels): the mean number of rows it keeps per example ("rows"), the share of query
     (labelled) positions among them ("queries") and the share of query positions it keeps
     ("coverage"): what Section 5's selections attend at."""
-    layers = [b.mixer for b in model.blocks if isinstance(b.mixer, SelectiveAttention)]
+    layers = [b.mixer for b in model.blocks
+              if isinstance(b.mixer, (SelectiveAttention, OfficialSelectiveAttention))]
     if not layers:
         return []
     model.eval()
@@ -1518,7 +1525,8 @@ def reachable(config, q, k):
     filter, a recurrence) reads the whole prefix, and so does a stack with one.
     """
     option = lambda name, kwargs, key: kwargs.get(
-        key, inspect.signature(MIXERS[name]).parameters[key].default)
+        key, inspect.signature(mixer_class(name, kwargs.get("form", "paper")))
+        .parameters[key].default)
     reach, blocks = 0, set()
     for name, kwargs in parse_layers(config.mixer, config.n_layers):
         if name == "sliding_window":
