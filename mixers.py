@@ -417,9 +417,8 @@ def causal_conv_direct(u, h):
 
     u: (B, T, d), h: (d, K) with any K (taps past T never reach an output).
     Costs O(B·T·d·K) time and O(B·T·d) memory: it never materializes a (T, T) matrix.
-    The reference form for every K, and the fast form for short filters: at (B, T, d) from
-    (64, 64, 64) to (2, 4096, 128) it measured faster than the FFT for every K <= 16, and
-    than a depthwise conv1d (plus the copy its transposed layout needs) for K <= 8.
+    The reference form for every K, and the fast form for K <= SHORT_FILTER (the README's
+    benchmark section says why).
     """
     B, T, d = u.shape
     # row s of `taps` is every channel's lag-s weight; a contiguous row rather than the
@@ -1363,11 +1362,9 @@ def retention_chunkwise(q, k, v, gamma, state=None, chunk_size=32):
 
     The intra-chunk products are batched matmuls over all n chunks at once; the recurrence
     R_c = γ^C R_{c-1} + K_cᵀ(V_c ⊙ ζ) is n steps of one fused multiply-add on (B, H, hs, hv).
-    (Unrolling it into an (n, n) decay-matrix product, the parallel form over chunks, costs
-    B·H·n²·hs·hv and measured slower at T = 4096.) Costs B·H·T·C·(hs + hv) inside chunks
-    and 2·B·H·T·hs·hv to build and read the states; materializes (B, H, n, C, C) and one
-    (hs, hv) state per chunk. The final state comes from the last chunk's real positions
-    (its zero padding would count in the decay).
+    Costs B·H·T·C·(hs + hv) inside chunks and 2·B·H·T·hs·hv to build and read the states;
+    materializes (B, H, n, C, C) and one (hs, hv) state per chunk. The final state comes
+    from the last chunk's real positions (its zero padding would count in the decay).
     """
     C = min(chunk_size, q.shape[2])                 # a chunk never longer than the sequence
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
@@ -1651,16 +1648,9 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, D, state=None, chunk_size=64):
        reading y_t = C_t h_t on the way.
     Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
     Cost: 2·B·T·d_inner·N exponentials and multiply-adds, twice the sequential scan's work;
-    the gain is the T Python steps. A matrix form inside chunks (as RetNet's) would need a
-    (C, C) decay matrix per channel and state, C/2 times more exponentials: slower on a CPU.
-    Each step is four element-wise passes over one (B, n, N, d_inner) state, so the time is
-    memory traffic: on one CPU thread at (B, T, d_inner, N) = (2, 4096, 128, 16) about
-    20 ms, against about 160 ms for the sequential scan, whose T steps are each too small
-    to be anything but Python and dispatch overhead. Tried and measured slower: keeping
-    pass 1's decays for pass 3 (B·T·d_inner·N numbers to write and read back), computing
-    all decays in one call, torch.compile. Only a fused kernel, one pass over the state per
-    step, would close the gap. Materializes no (B, T, d_inner, N) tensor. The padding has
-    Δ = 0 (decay 1, input 0), so the carry after the last chunk is the final state.
+    the gain is the T Python steps (the README's benchmark section: what else was tried).
+    Materializes no (B, T, d_inner, N) tensor. The padding has Δ = 0 (decay 1, input 0),
+    so the carry after the last chunk is the final state.
     """
     C = min(chunk_size, x.shape[1])                 # a chunk never longer than the sequence
     (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))

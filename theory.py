@@ -60,7 +60,6 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 import mixers
@@ -70,16 +69,26 @@ from mqar import IGNORE, check_int, multiquery_ar
 DTYPE = torch.float64
 
 
-def _ok(flag):
-    """The check column of a report row (rich markup)."""
-    return "[green]pass[/green]" if flag else "[red]FAIL[/red]"
+@dataclass(frozen=True)
+class Check:
+    """The check column of a report row: whether the check held, and its evidence (what was
+    measured). The tests assert `ok`; the report colours it."""
+    ok: bool
+    evidence: str = ""
+
+    def __str__(self):                                                      # rich markup
+        return ("[green]pass[/green]" if self.ok else "[red]FAIL[/red]") + self.evidence
+
+
+def _ok(flag, evidence=""):
+    return Check(bool(flag), evidence)
 
 
 def _exact_row(statement, pred, labels, resources, controls=True):
     """A report row for a construction that must answer every MQAR query (and whose
     negative controls, if any, must hold)."""
     acc = mqar_accuracy(pred, labels)
-    return statement, _ok(acc == 1.0 and controls) + f" acc {acc:.2f}", resources
+    return statement, _ok(acc == 1.0 and controls, f" acc {acc:.2f}"), resources
 
 
 # ----------------------------------------------------------------------------------------
@@ -218,8 +227,8 @@ def check_convolutions(seed=0, sizes=(7, 64)):
             kept &= torch.allclose(out, u) and (n == 1 or not torch.allclose(out, u.flip(-1)))
     return [("H.1  u*v, u⊛v: direct = poly mod = FFT = the sum", _ok(ok), f"n = {sizes}"),
             ("erratum: u * v = iFFT(FFT(u) FFT(v)) unpadded (printed)",
-             _ok(unpadded) + " (that is u ⊛ v)", "pad both to 2n"),
-            ("erratum: 'u ⊛ e_0 reverses u' (printed)", _ok(kept) + " (claim false)",
+             _ok(unpadded, " (that is u ⊛ v)"), "pad both to 2n"),
+            ("erratum: 'u ⊛ e_0 reverses u' (printed)", _ok(kept, " (claim false)"),
              "u ⊛ e_0 = u")]
 
 
@@ -825,7 +834,7 @@ def check_primitives(seed=0, Np=12, dp=4):
                torch.cat([baseconv_stack(u, stack(f1, f2)), r], -1)))
     return [("H.3  shift_down, shift_up (1 cyclic layer), stack, remember", _ok(ok),
              f"1, 1, L1+L2, L layers; every s < N' = {Np}"),
-            ("erratum: shift_down filter X^{s+1} (printed)", _ok(not printed) + " (fails)",
+            ("erratum: shift_down filter X^{s+1} (printed)", _ok(not printed, " (fails)"),
              "X^s is right")]
 
 
@@ -948,7 +957,7 @@ def check_prop_4_3(seed=0, sizes=((64, 8, 128), (128, 16, 256))):
         ok &= (late.any() and mqar_accuracy(mqar_attention(x, c, False, "strict")[0], y) == 1.0
                and (pred[r[late], col[late]] != y[r[late], col[late]]).all())
         rows.append((f"Prop 4.3 attention, N={N} D={D} c={c}",
-                     _ok(ok) + " acc 1.00 (no/softmax), margin > 0.99",
+                     _ok(ok, " acc 1.00 (no/softmax), margin > 0.99"),
                      f"L=2, params 4c²+2N² = {4 * c * c + 2 * N * N}; unmasked (printed) "
                      f"acc {bad:.2f}; mask j <= i fails a query after itself"))
     return rows
@@ -1349,7 +1358,7 @@ def _module_row(name, m, layers, x, dims, broken=()):
         ok = err < 1e-10 and inner_dim(layers) == dims and not any(
             torch.allclose(baseconv_model(x, b), want, atol=1e-6) for b in broken)
     return (f"Thm 4.2 {name} (D={D}, T={T}) = BaseConv stack",
-            _ok(ok) + f" max|Δ| {err:.0e}; {len(broken)} broken stacks differ",
+            _ok(ok, f" max|Δ| {err:.0e}; {len(broken)} broken stacks differ"),
             f"(L,N',d') = {inner_dim(layers)} vs d = {D}")
 
 
@@ -1564,7 +1573,7 @@ def check_retnet(seed=0, D=8, T=32, num_heads=2):
               and not any(torch.allclose(baseconv_model(x, b), heads, atol=1e-6)
                           for b in (other, layers[:1] + layers[2:])))
     return [(f"Thm 4.2 RetNet H={H}: retention heads = BaseConv stack",
-             _ok(ok) + f" max|Δ| heads {err:.0e}, output {err_out:.0e} (norm, swish outside)",
+             _ok(ok, f" max|Δ| heads {err:.0e}, output {err_out:.0e} (norm, swish outside)"),
              f"(L,N',d') = {inner_dim(layers)} = (4, T, (2+hs)D), cubic in x; group norm, "
              "swish: not polynomial")]
 
@@ -1637,7 +1646,7 @@ def check_rwkv(seed=0, D=8, T=32):
               and not torch.allclose(no_shift[..., :D], num, atol=1e-6)
               and torch.allclose(no_shift[..., D:], den))
     return [("Thm 4.2 RWKV: wkv's num, den = BaseConv stack (inputs e^k, x)",
-             _ok(ok) + f" max|Δ| {err:.0e} (σ, ÷ outside)",
+             _ok(ok, f" max|Δ| {err:.0e} (σ, ÷ outside)"),
              f"(L,N',d') = {inner_dim(layers)}; ÷ is no polynomial (num/den same for "
              "3e^k), nor is e^k")]
 
@@ -1983,11 +1992,12 @@ CHECKS = [check_convolutions, check_degree, check_kmatrices, check_primitives, c
 
 
 def report(seed=0):
-    """Rows (statement, check on random instances, resources vs bound), computed live."""
+    """Rows (statement, Check on random instances, resources vs bound), computed live."""
     return [row for check in CHECKS for row in check(seed)]
 
 
-if __name__ == "__main__":
+def main():
+    """`python theory.py`: the report as a table; exit status 1 if any check failed."""
     import sys
 
     from rich.console import Console
@@ -1995,8 +2005,11 @@ if __name__ == "__main__":
     table = Table("statement", "check", "resources vs bound",
                   title="Zoology appendix H, checked on random instances")
     report_rows = report()
-    for row in report_rows:
-        table.add_row(*row)
+    for statement, check, resources in report_rows:
+        table.add_row(statement, str(check), resources)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
-    if any("FAIL" in row[1] for row in report_rows):
-        sys.exit(1)
+    return 0 if all(check.ok for _, check, _ in report_rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
