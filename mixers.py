@@ -67,10 +67,11 @@ recurrence take the state before their first position (state=None: the start) an
 reference form of RetNet, Based and Mamba, RWKV's wkv_step (the one step its reference
 loops over), causal_conv with its state in the convolutions.
 
-Glossary (code name -> paper symbol; the paper's N, d and D as mqar.py and train.py use
-them, except that a sequence's length is T here, since N is the SSMs' state size;
-theory.py's Thm 4.2 section and the mixer tests say in their glossaries why they differ):
-  B batch, T sequence length (the paper's N), d model width (d), H heads,
+Glossary (code name -> paper symbol). One meaning per letter in the whole project: N the
+sequence length, D the number of key-value pairs, d the model width. Inside a layer the
+sequence length is T (time; T = N). What the SSM papers call N and D is d_state and skip
+here.
+  B batch, T sequence length, d model width, H heads,
   hs = d // H head size (d_h), c vocabulary size, W sliding window, b block size,
   K filter length (taps), h filter (d, K) with h[:, s] the weight of lag s,
   L Hyena order (Algorithm 3's L: number of gated convolutions), p^ℓ, v, z^ℓ Hyena's
@@ -78,10 +79,9 @@ theory.py's Thm 4.2 section and the mixer tests say in their glossaries why they
   channel (the SSM functions call their channels d too: H·head_dim² of them in H3).
   w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ_h = 1 - 2^(-5-h);
   d' (feature_dim) Based's feature dimension, F = 1 + d' + d'(d'+1)/2 the size of its
-  compact φ(x); d_inner Mamba's inner width; D Mamba's and H3's skip vector (the name in
-  their papers and parameters; the number of key-value pairs, the paper's D, never occurs
-  here); f selective attention's row selection, k (top_k) its budget; C the chunk size of a
-  chunked form.
+  compact φ(x); d_inner Mamba's inner width; skip Mamba's and H3's skip vector (their
+  papers' D); f selective attention's row selection, k (top_k) its budget; C the chunk
+  size of a chunked form, n the number of chunks.
 """
 import argparse
 import math
@@ -960,7 +960,7 @@ class H3(Mixer):
     Per head of head_dim channels the product is an outer product, k_i v_j, and the output
     y_j = Σ_i q_i · SSM_diag(k ⊗ v)_{ij}; head_dim=1 (default) is the elementwise
     q ⊙ SSM(k ⊙ v). One diagonal SSM per head, shared by its head_dim² channels, with a
-    skip term D (as S4D).
+    skip term (S4D's D).
     Shift SSM: A is the shift matrix and B = e_0, so its state is the last inputs and its
     kernel is its C vector: a causal convolution with a learned filter of shift_size taps
     (default d_state: the official code uses one state size for both SSMs); its skip term
@@ -997,16 +997,17 @@ class H3(Mixer):
         self.A_im = nn.Parameter(math.pi * torch.arange(n).float().repeat(H, 1))
         self.C_re = nn.Parameter(torch.randn(H, n) * math.sqrt(0.5))
         self.C_im = nn.Parameter(torch.randn(H, n) * math.sqrt(0.5))
-        self.D = nn.Parameter(torch.randn(H))
+        self.skip = nn.Parameter(torch.randn(H))
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _ssm(self):
-        """(log_dt, A, C, D) of the diagonal SSM, repeated over each head's head_dim² channels."""
+        """(log_dt, A, C, skip) of the diagonal SSM, repeated over each head's head_dim²
+        channels."""
         r = self.head_dim ** 2
         A = torch.complex(-self.log_neg_A_re.exp(), self.A_im)
         C = torch.complex(self.C_re, self.C_im)
         return (self.log_dt.repeat_interleave(r), A.repeat_interleave(r, 0),
-                C.repeat_interleave(r, 0), self.D.repeat_interleave(r))
+                C.repeat_interleave(r, 0), self.skip.repeat_interleave(r))
 
     def _outer(self, k, v):
         """k ⊗ v per head: (..., d), (..., d) -> (..., H·hd·hd), channel (h, i, j) = k_hi v_hj."""
@@ -1302,8 +1303,8 @@ class OfficialRWKV(RWKV):
 # RetNet multi-scale retention (appendix H.2; Sun et al., 2023, eq. 5-9)
 #
 # recurrent  S_t = γ S_{t-1} + k_tᵀ v_t,  y_t = q_t S_t
-# parallel   Y = (Q Kᵀ ⊙ Dγ) V,  Dγ[n, m] = γ^{n-m} for n >= m else 0
-# chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Dγ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
+# parallel   Y = (Q Kᵀ ⊙ Γ) V,  Γ[n, m] = γ^{n-m} for n >= m else 0 (the paper's D)
+# chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Γ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
 #            R_c = K_cᵀ (V_c ⊙ ζ) + γ^C R_{c-1},  ζ_j = γ^{C-1-j}
 # Every form takes (q, k, v, gamma, state=None, chunk_size): q, k (B, H, T, hs),
 # v (B, H, T, hv), gamma (H,), state S (B, H, hs, hv) before the first position (None: 0);
@@ -1312,7 +1313,7 @@ class OfficialRWKV(RWKV):
 
 
 def _decay_matrix(gamma, T):
-    """Dγ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
+    """Γ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
     n = torch.arange(T, device=gamma.device)
     dist = n[:, None] - n[None, :]                                            # (T, T)
     decay = torch.exp(dist.clamp_min(0) * torch.log(gamma)[:, None, None])    # (H, T, T)
@@ -1339,7 +1340,7 @@ def _read_state(q, gamma, state):
 
 
 def retention_parallel(q, k, v, gamma, state=None, chunk_size=None):
-    """(Q Kᵀ ⊙ Dγ) V. Materializes (B, H, T, T)."""
+    """(Q Kᵀ ⊙ Γ) V. Materializes (B, H, T, T)."""
     y = (torch.einsum("bhid,bhjd->bhij", q, k) * _decay_matrix(gamma, q.shape[2])) @ v
     if state is not None:
         y = y + _read_state(q, gamma, state)
@@ -1617,71 +1618,73 @@ class Based(Mixer):
 # ----------------------------------------------------------------------------------------
 # Mamba, the selective SSM (Gu & Dao, 2023, Algorithm 2 and §3.6)
 #
-# h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h (d_inner, N), A = -exp(A_log) (d_inner, N)
-# y_t = C_t h_t + D ⊙ x_t
-# Both scans take (x, delta, A, Bm, Cm, D, state=None, chunk_size): x, delta (B, T, d_inner),
-# A (d_inner, N), Bm, Cm (B, T, N), D (d_inner,), state h (B, d_inner, N) before the first
+# h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h, A = -exp(A_log): (d_inner, d_state)
+# y_t = C_t h_t + skip ⊙ x_t                     (skip: the paper's D)
+# Both scans take (x, delta, A, Bm, Cm, skip, state=None, chunk_size): x, delta
+# (B, T, d_inner), A (d_inner, d_state), Bm, Cm (B, T, d_state), skip (d_inner,), state h
+# (B, d_inner, d_state) before the first
 # position (None: 0); chunk_size is the chunked scan's, the sequential one ignores it. Each
 # returns (y, h after the last position).
 
 
-def selective_scan_sequential(x, delta, A, Bm, Cm, D, state=None, chunk_size=None):
-    """The recurrence as written, one position at a time (T Python steps of B·d_inner·N)."""
+def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps of
+    B·d_inner·d_state)."""
     B, T, d = x.shape
     h = x.new_zeros(B, d, A.shape[1]) if state is None else state
     out = []
     for t in range(T):
         h = torch.exp(delta[:, t, :, None] * A) * h + \
-            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]           # (B, d, N)
+            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]     # (B, d, d_state)
         out.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
-    return torch.stack(out, 1) + D * x, h                                     # (B, T, d)
+    return torch.stack(out, 1) + skip * x, h                                  # (B, T, d)
 
 
-def selective_scan_chunked(x, delta, A, Bm, Cm, D, state=None, chunk_size=64):
+def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64):
     """The same recurrence with the n = T/C chunks run side by side: C + n + C Python steps
-    instead of T, each C·B·d_inner·N numbers wide instead of B·d_inner·N:
+    instead of T, each C·B·d_inner·d_state numbers wide instead of B·d_inner·d_state:
 
     1. every chunk scanned from a zero state, all n chunks at once (C steps): its end state;
     2. the state entering each chunk: the previous one times the chunk's total decay
-       exp(A · Σ_chunk Δ) plus that chunk's end state (n steps of B·d_inner·N);
+       exp(A · Σ_chunk Δ) plus that chunk's end state (n steps of B·d_inner·d_state);
     3. every chunk scanned again, all at once, from its true entering state (C steps),
        reading y_t = C_t h_t on the way.
     Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
-    Cost: 2·B·T·d_inner·N exponentials and multiply-adds, twice the sequential scan's work;
+    Cost: 2·B·T·d_inner·d_state exponentials and multiply-adds, twice the sequential scan's;
     the gain is the T Python steps (the README's benchmark section: what else was tried).
-    Materializes no (B, T, d_inner, N) tensor. The padding has Δ = 0 (decay 1, input 0),
+    Materializes no (B, T, d_inner, d_state) tensor. The padding has Δ = 0 (decay 1, input 0),
     so the carry after the last chunk is the final state.
     """
     C = min(chunk_size, x.shape[1])                 # a chunk never longer than the sequence
     (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
     B, Tp, d = x.shape
-    n, N = Tp // C, A.shape[1]
+    n, d_state = Tp // C, A.shape[1]
     # e^{ΔA} = 2^{ΔA·log2 e}: PyTorch's exp2 is several times faster than exp on a CPU;
     # A2 is made contiguous so that the broadcast product below runs along d_inner
-    A2 = (A.T / math.log(2)).contiguous()                                     # (N, d)
+    A2 = (A.T / math.log(2)).contiguous()                               # (d_state, d)
     dc, u = delta.view(B, n, C, d), (delta * x).view(B, n, C, d)            # (B, n, C, d)
-    Bc = Bm.view(B, n, C, N)
+    Bc = Bm.view(B, n, C, d_state)
 
-    def step(j, h):  # h_t = e^{Δ_t A} ⊙ h_{t-1} + B_t Δ_t x_t, for every chunk; h (B, n, N, d)
+    def step(j, h):  # h_t = e^{Δ_t A} h_{t-1} + B_t Δ_t x_t, every chunk; h (B, n, d_state, d)
         return torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * h,
                              Bc[:, :, j, :, None], u[:, :, j, None])
 
-    h = x.new_zeros(B, n, N, d)
+    h = x.new_zeros(B, n, d_state, d)
     for j in range(C):                                                        # 1.
         h = step(j, h)
-    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)                      # (B, n, N, d)
-    carry = x.new_zeros(B, N, d) if state is None else state.transpose(1, 2)
+    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)                # (B, n, d_state, d)
+    carry = x.new_zeros(B, d_state, d) if state is None else state.transpose(1, 2)
     entering = []
     for c in range(n):                                                        # 2.
         entering.append(carry)
         carry = torch.addcmul(h[:, c], chunk_decay[:, c], carry)
     h, y = torch.stack(entering, 1), []
-    Cc = Cm.view(B, n, C, N).transpose(1, 2).contiguous()                    # (B, C, n, N)
+    Cc = Cm.view(B, n, C, d_state).transpose(1, 2).contiguous()       # (B, C, n, d_state)
     for j in range(C):                                                        # 3.
         h = step(j, h)
         y.append(Cc[:, j, :, None] @ h)                                       # (B, n, 1, d)
     y = torch.cat(y, 2).view(B, Tp, d)                                        # (B, T, d)
-    return (y + D * x)[:, :T], carry.transpose(1, 2)
+    return (y + skip * x)[:, :T], carry.transpose(1, 2)
 
 
 SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequential}
@@ -1690,17 +1693,20 @@ SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequen
 class Mamba(Mixer):
     """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
     input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
-    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈d/16⌉.
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: expand E = 2, d_state = 16 (the paper's N),
+    conv 4, dt_rank = ⌈d/16⌉.
 
     Initialised as Mamba initialises itself (Gu & Dao's mamba_simple.py, which the official
-    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), D = 1, Δ log-uniform in
+    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), skip = 1 (the paper's
+    D), Δ log-uniform in
     [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight U(±dt_rank^-1/2), the
     conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as PyTorch draws an
     nn.Linear. `keeps_own_init`: a model's initialisation leaves all of it alone, as the
     official model does (its MambaBlock branch only rescales out_proj; train.init_weights).
     dt_bias is a separate parameter rather than dt_proj's bias (the official code marks
     that bias `_no_reinit` for the same reason).
-    State of `step`: h (d_inner, N) and the last conv inputs: d_inner·(N + min(t, d_conv - 1)).
+    State of `step`: h (d_inner, d_state) and the last conv inputs:
+    d_inner·(d_state + min(t, d_conv - 1)).
     To copy: this class, selective_scan_chunked, selective_scan_sequential (with
     _pad_to_chunks), causal_conv (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
     """
@@ -1727,11 +1733,11 @@ class Mamba(Mixer):
         dt = torch.exp(torch.rand(d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0)).repeat(d_inner, 1))
-        self.D = nn.Parameter(torch.ones(d_inner))
+        self.skip = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def _ssm_inputs(self, xc):
-        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), B_t, C_t (..., N)."""
+        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), B_t, C_t (..., d_state)."""
         dt, Bm, Cm = self.x_proj(xc).split(
             [self.dt_proj.in_features, self.d_state, self.d_state], dim=-1)
         return F.softplus(self.dt_proj(dt) + self.dt_bias), Bm, Cm
@@ -1743,8 +1749,8 @@ class Mamba(Mixer):
         xc, past = causal_conv(xi, self.conv_weight, state=past)
         xc = F.silu(xc + self.conv_bias)
         delta, Bm, Cm = self._ssm_inputs(xc)
-        A = -torch.exp(self.A_log)                                            # (d_inner, N)
-        y, h = scan(xc, delta, A, Bm, Cm, self.D, h, self.chunk_size)
+        A = -torch.exp(self.A_log)                                      # (d_inner, d_state)
+        y, h = scan(xc, delta, A, Bm, Cm, self.skip, h, self.chunk_size)
         return self.out_proj(y * F.silu(z)), (h, past)
 
     def forward(self, x):
@@ -1788,8 +1794,8 @@ def programmatic_selection(tokens):
 def first_repeats(tokens, budget):
     """f[b, i] = 1 iff tokens[b, i] is the second occurrence of its token, and fewer than
     `budget` such rows came before i: attention once per recalled token, on a budget of
-    rows. Causal. tokens (B, T) -> bool. On MQAR with a filler these are the D queries and
-    the filler's second occurrence (D + 1 rows), not the filler's every repeat."""
+    rows. Causal. tokens (B, T) -> bool. On MQAR with a filler these are the queries (one
+    per key-value pair) and the filler's second occurrence, not the filler's every repeat."""
     earlier = (tokens[:, :, None] == tokens[:, None, :]).tril(-1).sum(-1)    # (B, T)
     second = earlier == 1
     return second & (second.cumsum(-1) <= budget)

@@ -2,9 +2,9 @@
 
 Run with `python -m pytest -q test_all.py` (the README's test command). Statistical tests use
 fixed seeds and state their thresholds; tolerances are explicit at each assert.
-Symbols are the paper's, as in the modules (N sequence length, D key-value pairs, d width),
-with one exception: the mixer tests call a mixer's width D, because their written-out
-formulas loop over channels with d (mixers.py calls the width d and its sequence length T).
+Symbols are the paper's, as in the modules: N sequence length, D key-value pairs, d width;
+T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A written-out
+formula loops over channels with ch.
 """
 import ast
 import dataclasses
@@ -421,9 +421,9 @@ def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
 # ----------------------------------------------------------------------------------------
 # mixers.py: helpers
 
-def make_mixer(name, D=16, T=24, dtype=F64, seed=0, **kwargs):
+def make_mixer(name, d=16, T=24, dtype=F64, seed=0, **kwargs):
     torch.manual_seed(seed)
-    return mixers.build_mixer(name, D, T, **kwargs).to(dtype)
+    return mixers.build_mixer(name, d, T, **kwargs).to(dtype)
 
 
 def token_ids(x, c=4):
@@ -439,7 +439,7 @@ def mix(mixer, x):
 
 
 def run_steps(mixer, x, **per_token):
-    """Run `step` over a whole sequence; returns (outputs (B, T, D), states after each t).
+    """Run `step` over a whole sequence; returns (outputs (B, T, d), states after each t).
 
     per_token: extra (B, T) inputs handed to step one position at a time (token ids);
     token_ids(x) by default for a mixer that takes token ids."""
@@ -559,8 +559,8 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
     """The DEFAULT options (RetNet's chunk of 32, the others' 64) on T = 150: three chunks or
     more, so that a state is carried over two chunk boundaries (at T = 24, CASES never
     crosses a default chunk)."""
-    fast = make_mixer(name, D=8, T=150, impl="fast")
-    ref = make_mixer(name, D=8, T=150, impl="reference")
+    fast = make_mixer(name, d=8, T=150, impl="fast")
+    ref = make_mixer(name, d=8, T=150, impl="reference")
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 150, 8, dtype=F64)
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
@@ -578,8 +578,8 @@ def test_gradients_reach_every_parameter(name, kw):
                          [(name, "official") for name in mixers.OFFICIAL_FORMS])
 def test_a_registered_mixer_provides_the_interface(name, form):
     """What adding a mixer takes: a Mixer subclass built as cls(d_model, seq_len, **options)
-    with a default for every option, boolean class facts, forward and step on (B, T, D) and
-    (B, D), a tuple state with batch first, no state before the first token, and an
+    with a default for every option, boolean class facts, forward and step on (B, T, d) and
+    (B, d), a tuple state with batch first, no state before the first token, and an
     aux_loss that is None or a scalar after forward. An official form is a class of its
     own, not the paper's."""
     cls = mixers.mixer_class(name, form)
@@ -651,7 +651,7 @@ def test_initial_values_are_the_ones_the_papers_fix():
     change of any of them trains another model and no formula test would see it)."""
     m = mixers.Mamba(64, 32, d_state=16)                        # Mamba (Gu & Dao, §3.6)
     n = torch.arange(1, 17.0)
-    assert torch.equal(m.A_log, torch.log(n).repeat(128, 1)) and torch.equal(m.D, torch.ones(128))
+    assert torch.equal(m.A_log, torch.log(n).repeat(128, 1)) and torch.equal(m.skip, torch.ones(128))
     dt = F.softplus(m.dt_bias)
     assert 1e-3 <= dt.min() < 2e-3 and 0.05 < dt.max() <= 0.1       # log-uniform in [1e-3, 1e-1]
     r = m.dt_proj.in_features
@@ -810,11 +810,11 @@ def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
         mixers.Attention(16, 24, short_conv=-1)
 
 def test_window_and_block_states_have_the_documented_sizes():
-    D = 16
+    d = 16
     w = make_mixer("sliding_window", window=5)
     b = make_mixer("blocked_attention", block_size=5)
-    x = torch.randn(1, 24, D, dtype=F64)
-    for m, size in ((w, lambda t: 2 * min(t, 4) * D), (b, lambda t: 2 * (t % 5) * D)):
+    x = torch.randn(1, 24, d, dtype=F64)
+    for m, size in ((w, lambda t: 2 * min(t, 4) * d), (b, lambda t: 2 * (t % 5) * d)):
         _, states = run_steps(m, x)
         assert [mixers.state_numel(s) for s in states] == [size(t) for t in range(1, 25)]
 
@@ -824,11 +824,11 @@ def test_window_and_block_states_have_the_documented_sizes():
 
 def conv_by_numpy(u, h):
     """np.convolve per batch row and channel, truncated to the first T outputs."""
-    B, T, D = u.shape
-    y = np.zeros((B, T, D))
+    B, T, d = u.shape
+    y = np.zeros((B, T, d))
     for b in range(B):
-        for d in range(D):
-            y[b, :, d] = np.convolve(u[b, :, d].numpy(), h[d].numpy())[:T]
+        for ch in range(d):
+            y[b, :, ch] = np.convolve(u[b, :, ch].numpy(), h[ch].numpy())[:T]
     return torch.from_numpy(y)
 
 
@@ -889,30 +889,30 @@ def test_implicit_filter_decays_as_documented():
 # BaseConv
 
 def test_base_conv_paper_form_is_the_formula():
-    """y[t, d] = (Σ_e u[t, e] W[e, d] + b1[t, d]) · (Σ_{s<=t} h[d, s] u[t-s, d] + b2[t, d])"""
-    T, D = 6, 3
-    m = make_mixer("base_conv", D=D, T=T)
+    """y[t, ch] = (Σ_e u[t, e] W[e, ch] + b1[t, ch]) · (Σ_{s<=t} h[ch, s] u[t-s, ch] + b2[t, ch])"""
+    T, d = 6, 3
+    m = make_mixer("base_conv", d=d, T=T)
     with torch.no_grad():
         m.b1.normal_(), m.b2.normal_()
-    u = torch.randn(2, T, D, dtype=F64)
+    u = torch.randn(2, T, d, dtype=F64)
     W, h, b1, b2 = m.proj.weight.T, m.filter.h, m.b1, m.b2
-    y = torch.zeros(2, T, D, dtype=F64)
+    y = torch.zeros(2, T, d, dtype=F64)
     for b in range(2):
         for t in range(T):
-            for d in range(D):
-                gate = sum(u[b, t, e] * W[e, d] for e in range(D)) + b1[t, d]
-                conv = sum(h[d, s] * u[b, t - s, d] for s in range(t + 1)) + b2[t, d]
-                y[b, t, d] = gate * conv
+            for ch in range(d):
+                gate = sum(u[b, t, e] * W[e, ch] for e in range(d)) + b1[t, ch]
+                conv = sum(h[ch, s] * u[b, t - s, ch] for s in range(t + 1)) + b2[t, ch]
+                y[b, t, ch] = gate * conv
     assert torch.allclose(m(u), y, atol=1e-12)
     assert torch.allclose(run_steps(m, u)[0], y, atol=1e-12)
 
 
 def conv1d_as_official(m, u, h, bias):
-    """What an official nn.Conv1d(D, D, K, groups=D, padding=K-1) returns on u (B, T, D),
-    its weight set from our filter h (D, K): PyTorch's conv1d is a cross-correlation, so
+    """What an official nn.Conv1d(d, d, K, groups=d, padding=K-1) returns on u (B, T, d),
+    its weight set from our filter h (d, K): PyTorch's conv1d is a cross-correlation, so
     its kernel is h reversed in time (h[:, s] weighs lag s)."""
-    D, K = h.shape
-    conv = torch.nn.Conv1d(D, D, K, groups=D, padding=K - 1).to(u.dtype)
+    d, K = h.shape
+    conv = torch.nn.Conv1d(d, d, K, groups=d, padding=K - 1).to(u.dtype)
     with torch.no_grad():
         conv.weight.copy_(h.flip(-1)[:, None, :])
         conv.bias.copy_(bias)
@@ -920,7 +920,7 @@ def conv1d_as_official(m, u, h, bias):
 
 
 def fft_conv_as_official(u, k):
-    """zoology/mixers/convolution.py's fft_conv on u (B, T, D), k (D, T), transcribed:
+    """zoology/mixers/convolution.py's fft_conv on u (B, T, d), k (d, T), transcribed:
     rfft of k over 2T divided by 2T, irfft with norm="forward", then + u."""
     T = u.shape[1]
     x = u.transpose(1, 2)
@@ -975,17 +975,17 @@ def test_positional_features_are_the_official_ones():
 def test_official_implicit_filter_is_hyenas_filter():
     """zoology/mixers/hyena.py's Filter at Figure 2's settings, transcribed: Linear, Sin,
     Linear, Sin, Linear, Sin (one learned frequency, shared), Linear without bias, times
-    exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, D)."""
-    D, L = 6, 30
+    exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, d)."""
+    d, L = 6, 30
     torch.manual_seed(0)
-    f = mixers.OfficialImplicitFilter(D, L).double()
+    f = mixers.OfficialImplicitFilter(d, L).double()
     with torch.no_grad():
         f.frequency.uniform_(0.5, 2.0)
     assert f.z.requires_grad and len(f.layers) == 3 and f.layers[0].out_features == 64
     a = f.z
     for layer in f.layers:
         a = torch.sin(f.frequency * (a @ layer.weight.T + layer.bias))
-    delta = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, D, dtype=F64)
+    delta = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d, dtype=F64)
     t = torch.linspace(0, 1, L, dtype=F64)[:, None]
     h = (a @ f.out.weight.T) * torch.exp(-t * delta.abs())
     assert torch.allclose(f(), h.T, atol=1e-12)
@@ -1006,18 +1006,18 @@ def test_base_conv_paper_form_rejects_longer_inputs():
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_hyena_is_algorithm_3(order):
     """A literal loop: projection, short conv, z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}), W_o."""
-    T, D = 6, 2
-    m = make_mixer("hyena", D=D, T=T, order=order)
-    u = torch.randn(1, T, D, dtype=F64)
-    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (L+1)·D)
+    T, d = 6, 2
+    m = make_mixer("hyena", d=d, T=T, order=order)
+    u = torch.randn(1, T, d, dtype=F64)
+    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (L+1)·d)
     g, hl = m.short_filter(), m.long_filter()
     short = [[sum(g[c, s] * proj[t - s, c] for s in range(min(t + 1, g.shape[1])))
-              for c in range((order + 1) * D)] for t in range(T)]
-    p = [[[short[t][l * D + d] for d in range(D)] for t in range(T)] for l in range(order)]
-    z = [[short[t][order * D + d] for d in range(D)] for t in range(T)]       # z^0 = v
+              for c in range((order + 1) * d)] for t in range(T)]
+    p = [[[short[t][l * d + ch] for ch in range(d)] for t in range(T)] for l in range(order)]
+    z = [[short[t][order * d + ch] for ch in range(d)] for t in range(T)]       # z^0 = v
     for l in range(order):
-        z = [[p[l][t][d] * sum(hl[l * D + d, s] * z[t - s][d] for s in range(t + 1))
-              for d in range(D)] for t in range(T)]
+        z = [[p[l][t][ch] * sum(hl[l * d + ch, s] * z[t - s][ch] for s in range(t + 1))
+              for ch in range(d)] for t in range(T)]
     y = torch.stack([torch.stack(row) for row in z]) @ m.out_proj.weight.T + m.out_proj.bias
     assert torch.allclose(m(u)[0], y, atol=1e-12)
 
@@ -1025,20 +1025,20 @@ def test_hyena_is_algorithm_3(order):
 def test_hyena_official_form_is_the_official_operator():
     """zoology/mixers/hyena.py's forward, transcribed: in_proj, Conv1d(3D) with bias,
     x1, x2, v = split; v = v·x1; fftconv_ref: h ∗ v + bias·v; v·x2; out_proj."""
-    T, D = 24, 16
-    m = make_mixer("hyena", D=D, T=T, form="official")
-    u = torch.randn(2, T, D, dtype=F64)
+    T, d = 24, 16
+    m = make_mixer("hyena", d=d, T=T, form="official")
+    u = torch.randn(2, T, d, dtype=F64)
     uc = conv1d_as_official(m, m.in_proj(u), m.short_filter.h, m.short_bias)
-    x1, x2, v = uc.split(D, dim=-1)
+    x1, x2, v = uc.split(d, dim=-1)
     v = v * x1
-    k = m.long_filter()                                                      # (D, T)
+    k = m.long_filter()                                                      # (d, T)
     x = v.transpose(1, 2)
     k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
     y = torch.fft.irfft(torch.fft.rfft(x, n=2 * T) * k_f, n=2 * T, norm="forward")[..., :T]
     y = (y + x * m.bias[:, None]).transpose(1, 2) * x2
     assert torch.allclose(m(u), m.out_proj(y), atol=1e-12)
     with pytest.raises(ValueError, match="order=3 is not allowed with form='official'"):
-        mixers.build_mixer("hyena", D, T, form="official", order=3)
+        mixers.build_mixer("hyena", d, T, form="official", order=3)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1050,7 +1050,7 @@ def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response(discretization)
     m = make_mixer("h3", d_state=8)
     log_dt, A, C, _ = m._ssm()
     T = 40
-    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)           # (D, T)
+    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)           # (d, T)
     x = torch.zeros(1, *A.shape, dtype=A.dtype)
     response = []
     for t in range(T):
@@ -1097,22 +1097,22 @@ def test_ssm_bilinear_discretization_is_the_official_kernels():
 
 def test_h3_per_head_outer_product_is_the_formula():
     """y_hj[t] = Σ_i q_hi[t] (Σ_{s<=t} K_h[s] k̃_hi[t-s] v_hj[t-s] + D_h k̃_hi[t] v_hj[t])"""
-    T, D, hd = 5, 4, 2
-    m = make_mixer("h3", D=D, T=T, head_dim=hd, d_state=4, shift_size=2)
-    u = torch.randn(1, T, D, dtype=F64)
-    q, k, v = (u[0] @ m.qkv.weight.T + m.qkv.bias).split(D, dim=-1)          # (T, D)
+    T, d, hd = 5, 4, 2
+    m = make_mixer("h3", d=d, T=T, head_dim=hd, d_state=4, shift_size=2)
+    u = torch.randn(1, T, d, dtype=F64)
+    q, k, v = (u[0] @ m.qkv.weight.T + m.qkv.bias).split(d, dim=-1)          # (T, d)
     g = m.shift_filter()
     k = torch.stack([sum(g[:, s] * k[t - s] for s in range(min(t + 1, 2)))
                      for t in range(T)])                                     # shift SSM
     A = torch.complex(-m.log_neg_A_re.exp(), m.A_im)
     Kh = mixers.diagonal_ssm_kernel(m.log_dt, A, torch.complex(m.C_re, m.C_im), T)
-    y = torch.zeros(T, D, dtype=F64)
-    for h in range(D // hd):
+    y = torch.zeros(T, d, dtype=F64)
+    for h in range(d // hd):
         for j in range(hd):
             for t in range(T):
                 for i in range(hd):
                     kv = [k[r, h * hd + i] * v[r, h * hd + j] for r in range(T)]
-                    s = sum(Kh[h, l] * kv[t - l] for l in range(t + 1)) + m.D[h] * kv[t]
+                    s = sum(Kh[h, l] * kv[t - l] for l in range(t + 1)) + m.skip[h] * kv[t]
                     y[t, h * hd + j] += q[t, h * hd + i] * s
     assert torch.allclose(m(u)[0], m.out_proj(y), atol=1e-12)
 
@@ -1120,14 +1120,14 @@ def test_h3_per_head_outer_product_is_the_formula():
 def test_h3_official_form_is_the_official_layer():
     """zoology/mixers/h3/h3.py's forward (its non-fused path), transcribed at head_dim 2:
     k through the shift kernel plus ssm_k_D·k; kv = k ⊗ v per head as "b d1 d2 h l"; the
-    bilinear S4D kernel by FFT plus D·kv; mul_sum with q; channels in (d2, head) order;
+    bilinear S4D kernel by FFT plus skip·kv; mul_sum with q; channels in (d2, head) order;
     output_linear. Our shift filter holds the official C with ssm_k_D added to tap 0."""
-    T, D, hd = 24, 8, 2
-    H = D // hd
-    m = make_mixer("h3", D=D, T=T, form="official", head_dim=hd, d_state=24)
-    u = torch.randn(2, T, D, dtype=F64)
-    q, k, v = (t.transpose(1, 2) for t in m.qkv(u).split(D, dim=-1))         # (B, D, T)
-    ssm_k_D = torch.randn(D, dtype=F64)
+    T, d, hd = 24, 8, 2
+    H = d // hd
+    m = make_mixer("h3", d=d, T=T, form="official", head_dim=hd, d_state=24)
+    u = torch.randn(2, T, d, dtype=F64)
+    q, k, v = (t.transpose(1, 2) for t in m.qkv(u).split(d, dim=-1))         # (B, d, T)
+    ssm_k_D = torch.randn(d, dtype=F64)
     shift_C = m.shift_filter.h.clone()
     shift_C[:, 0] -= ssm_k_D
     k_f = torch.fft.rfft(shift_C, n=2 * T) * torch.fft.rfft(k, n=2 * T)
@@ -1142,10 +1142,10 @@ def test_h3_official_form_is_the_official_layer():
         0, 2, 3, 1, 4)                                                       # b d1 d2 h l
     kv_f = torch.fft.rfft(kv, n=2 * T) / (2 * T)
     y = torch.fft.irfft(kv_f * torch.fft.rfft(K, n=2 * T), n=2 * T, norm="forward")[..., :T]
-    y = y + kv * m.D[:, None]
+    y = y + kv * m.skip[:, None]
     y = (q.view(2, H, hd, 1, T).permute(0, 2, 3, 1, 4) * y).sum(1)           # b d2 h l
     y = y.reshape(2, hd * H, T).transpose(1, 2)                              # (d2, h) order
-    W = m.out_proj.weight.view(D, H, hd).transpose(1, 2).reshape(D, D)       # same order
+    W = m.out_proj.weight.view(d, H, hd).transpose(1, 2).reshape(d, d)       # same order
     assert torch.allclose(m(u), y @ W.T + m.out_proj.bias, atol=1e-12)
     bound = 1 / math.sqrt(24)
     assert m.shift_filter.h[:, 1:].abs().max() <= bound, "taps drawn as SSKernelShift's C"
@@ -1227,11 +1227,11 @@ def recurrence(name, T, seed=0):
     if name == "based":
         q, k, v = r(2, 2, T, 4), r(2, 2, T, 4), r(2, 2, T, 3)
         return mixers.BASED_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t], **kw)
-    x, Bm, Cm, A, D = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
+    x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
     return mixers.SCAN_IMPLS, lambda f, t, **kw: f(x[:, t], delta[:, t], A, Bm[:, t], Cm[:, t],
-                                                   D, **kw)
+                                                   d, **kw)
 
 
 def comparable(state):
@@ -1295,9 +1295,9 @@ def test_wkv_survives_keys_that_overflow_exp():
     the answer of the same keys shifted by a constant (the ratio is shift-invariant), and
     also handle keys that differ by thousands inside one chunk."""
     torch.manual_seed(0)
-    B, T, D = 2, 40, 4
-    k, v = torch.randn(B, T, D, dtype=F64), torch.randn(B, T, D, dtype=F64)
-    w, u = torch.rand(D, dtype=F64) + 0.1, torch.randn(D, dtype=F64)
+    B, T, d = 2, 40, 4
+    k, v = torch.randn(B, T, d, dtype=F64), torch.randn(B, T, d, dtype=F64)
+    w, u = torch.rand(d, dtype=F64) + 0.1, torch.randn(d, dtype=F64)
     naive = torch.exp(k[:, :1] + 1000)
     assert torch.isinf(naive).all(), "the test must use keys that overflow a naive form"
     want, _ = mixers.wkv_reference(w, u, k, v)
@@ -1306,7 +1306,7 @@ def test_wkv_survives_keys_that_overflow_exp():
             got, _ = wkv(w.to(dtype), u.to(dtype), (k + 1000).to(dtype), v.to(dtype))
             tol = 1e-10 if dtype == F64 else 1e-3
             assert torch.allclose(got.double(), want, atol=tol, rtol=tol)
-    wild = 1000 * torch.randn(B, T, D, dtype=F64)                              # spread ±3000
+    wild = 1000 * torch.randn(B, T, d, dtype=F64)                              # spread ±3000
     ref, fast = mixers.wkv_reference(w, u, wild, v)[0], mixers.wkv_chunked(w, u, wild, v, chunk_size=8)[0]
     assert torch.isfinite(ref).all() and torch.allclose(fast, ref, atol=1e-10, rtol=1e-10)
     # with keys this spread each row is (nearly) the v of its largest-score position
@@ -1324,20 +1324,20 @@ def test_rwkv_step_is_stable_over_a_long_sequence():
 
 def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
     """zoology/mixers/rwkv.py's RWKVTimeMixer.__init__ with n_layer=12, its loops transcribed."""
-    D = 16
+    d = 16
     for layer_id in (0, 1):
-        m = mixers.OfficialRWKV(D, 24, layer_idx=layer_id)
+        m = mixers.OfficialRWKV(d, 24, layer_idx=layer_id)
         r01, r10 = layer_id / (12 - 1), 1.0 - layer_id / 12
-        decay = [-5 + 8 * (h / (D - 1)) ** (0.7 + 1.3 * r01) for h in range(D)]
-        zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(D)]
-        x = [i / D for i in range(D)]
+        decay = [-5 + 8 * (h / (d - 1)) ** (0.7 + 1.3 * r01) for h in range(d)]
+        zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(d)]
+        x = [i / d for i in range(d)]
         for got, want in ((m.w_log, decay), (m.u, [math.log(0.3) + z for z in zigzag]),
                           (m.mix_k, [v ** r10 for v in x]),
                           (m.mix_v, [v ** r10 + 0.3 * r01 for v in x]),
                           (m.mix_r, [v ** (0.5 * r10) for v in x])):
             assert torch.allclose(got, torch.tensor(want), atol=1e-6)
     with pytest.raises(ValueError, match="layer_idx=-1"):
-        mixers.OfficialRWKV(D, 24, layer_idx=-1)
+        mixers.OfficialRWKV(d, 24, layer_idx=-1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1392,16 +1392,16 @@ def test_compact_taylor_feature_map_gives_the_same_kernel():
 def test_based_module_is_taylor_linear_attention_written_out(impl):
     """Head h: y_i = Σ_{j<=i} K_ij v_j / Σ_{j<=i} K_ij with K_ij = 1 + s + s²/2,
     s = q_i·k_j/√d' (φ(q)·φ(k) for φ(x) = [1, x/d'^¼, x⊗x/(√2·√d')]), then W_o; q and k
-    have d' features per head, v has D/H."""
-    T, H, d, hv = 12, 2, 4, 8
-    m = make_mixer("based", T=T, feature_dim=d, num_heads=H, impl=impl, chunk_size=5)
+    have d' features per head, v has d/H."""
+    T, H, dp, hv = 12, 2, 4, 8                                     # dp: Based's d'
+    m = make_mixer("based", T=T, feature_dim=dp, num_heads=H, impl=impl, chunk_size=5)
     x = torch.randn(2, T, 16, dtype=F64)
     q, k, v = (x @ lin.weight.T for lin in (m.q_proj, m.k_proj, m.v_proj))
     y = torch.empty(2, T, 16, dtype=F64)
     for h in range(H):
-        cq, cv = slice(h * d, (h + 1) * d), slice(h * hv, (h + 1) * hv)
+        cq, cv = slice(h * dp, (h + 1) * dp), slice(h * hv, (h + 1) * hv)
         for i in range(T):
-            s = (q[:, i:i + 1, cq] * k[:, :i + 1, cq]).sum(-1) / math.sqrt(d)      # (B, i+1)
+            s = (q[:, i:i + 1, cq] * k[:, :i + 1, cq]).sum(-1) / math.sqrt(dp)      # (B, i+1)
             a = 1 + s + s * s / 2
             y[:, i, cv] = (a[..., None] * v[:, :i + 1, cv]).sum(1) / a.sum(1, keepdim=True)
     assert torch.allclose(m(x), y @ m.out_proj.weight.T, atol=1e-12)
@@ -1420,25 +1420,25 @@ def test_based_state_size_counts_features_times_values_plus_normaliser():
 def test_mamba_module_is_the_selective_ssm_written_out(impl):
     """Gu & Dao: (x, z) = in_proj(u); x' = SiLU(Σ_s conv_weight[:, s] x_{t-s} + conv_bias);
     (dt, B_t, C_t) = x_proj(x'); Δ = softplus(dt_proj(dt) + dt_bias); A = -exp(A_log);
-    h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x'_t; y_t = C_t·h_t + D x'_t; out_proj(y ⊙ SiLU(z)).
-    dt_bias, A_log, D and the conv bias perturbed so that each matters."""
+    h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x'_t; y_t = C_t·h_t + skip x'_t; out_proj(y ⊙ SiLU(z)).
+    dt_bias, A_log, skip and the conv bias perturbed so that each matters."""
     T, silu = 10, torch.nn.functional.silu
-    m = make_mixer("mamba", D=8, T=T, impl=impl, chunk_size=4)
+    m = make_mixer("mamba", d=8, T=T, impl=impl, chunk_size=4)
     with torch.no_grad():
         m.dt_bias.normal_(0, 1), m.A_log.add_(torch.randn_like(m.A_log) / 2)
-        m.D.normal_(0, 1), m.conv_bias.normal_(0, 1)
+        m.skip.normal_(0, 1), m.conv_bias.normal_(0, 1)
     u = torch.randn(2, T, 8, dtype=F64)
     xs, z = (u @ m.in_proj.weight.T).chunk(2, -1)
-    N, r, K = m.A_log.shape[1], m.dt_proj.in_features, m.conv_weight.shape[1]
-    h, y = torch.zeros(2, xs.shape[-1], N, dtype=F64), []
+    d_state, r, K = m.A_log.shape[1], m.dt_proj.in_features, m.conv_weight.shape[1]
+    h, y = torch.zeros(2, xs.shape[-1], d_state, dtype=F64), []
     for t in range(T):
         x_t = silu(sum(m.conv_weight[:, s] * xs[:, t - s] for s in range(min(K, t + 1)))
                    + m.conv_bias)                                            # (B, d_inner)
-        dt, B_t, C_t = (x_t @ m.x_proj.weight.T).split([r, N, N], -1)
+        dt, B_t, C_t = (x_t @ m.x_proj.weight.T).split([r, d_state, d_state], -1)
         delta = torch.nn.functional.softplus(dt @ m.dt_proj.weight.T + m.dt_bias)
         h = torch.exp(delta[..., None] * -torch.exp(m.A_log)) * h + \
-            (delta * x_t)[..., None] * B_t[:, None, :]                      # (B, d_inner, N)
-        y.append(((h * C_t[:, None, :]).sum(-1) + m.D * x_t) * silu(z[:, t]))
+            (delta * x_t)[..., None] * B_t[:, None, :]                # (B, d_inner, d_state)
+        y.append(((h * C_t[:, None, :]).sum(-1) + m.skip * x_t) * silu(z[:, t]))
     assert torch.allclose(m(u), torch.stack(y, 1) @ m.out_proj.weight.T, atol=1e-12)
 
 
@@ -1521,7 +1521,7 @@ def test_chosen_lags_are_a_loop_over_the_prefix():
 
 def _one_hot_input_dependent_conv(c, filters, num_lags):
     """Thm 4.5's weights in the trainable layer: q = k = √c·u, v = u, W_o = I on one-hot u."""
-    m = make_mixer("input_dependent_conv", D=c, T=64, filters=filters, num_lags=num_lags)
+    m = make_mixer("input_dependent_conv", d=c, T=64, filters=filters, num_lags=num_lags)
     with torch.no_grad():
         eye = torch.eye(c, dtype=F64)
         m.qkv.weight.copy_(torch.cat([c ** 0.25 * eye, c ** 0.25 * eye, eye]))
@@ -2640,7 +2640,7 @@ def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
         same = torch.equal(before[k], after[k])
         assert same == (k.endswith(("in_proj.weight", "x_proj.weight", "dt_proj.weight",
                                     "conv_weight", "A_log", "dt_bias", "norm1.weight",
-                                    "norm.weight", "norm.bias", ".D", "conv_bias"))), k
+                                    "norm.weight", "norm.bias", ".skip", "conv_bias"))), k
 
 
 def test_figure2_preset_is_the_official_sweep():
@@ -3257,12 +3257,12 @@ THEORY_CASES = [(check, {}) for check in th.CHECKS] + [      # the table's sizes
     (th.check_thm_4_5, dict(sizes=((24, 6, 32),))),
     (th.check_thm_h5, dict(N=1, d=1, depths=(1, 3), widths=(1, 3))),
     (th.check_thm_h5, dict(N=2, d=2, depths=(1, 2, 3, 4), widths=(1, 2, 3))),
-    (th.check_hyena, dict(D=4, T=8, orders=(1,))),
-    (th.check_hyena, dict(D=6, T=13, orders=(3,), seq_len=24)),
-    (th.check_h3, dict(D=8, T=12, head_dims=(4,), d_state=4, shift_size=3)),
-    (th.check_h3, dict(D=6, T=10, head_dims=(3,), d_state=4, shift_size=5)),
-    (th.check_retnet, dict(D=12, T=10, num_heads=3)), (th.check_retnet, dict(D=4, num_heads=1)),
-    (th.check_rwkv, dict(D=6, T=13)), (th.check_rwkv, dict(D=4, T=1)),
+    (th.check_hyena, dict(d_model=4, T=8, orders=(1,))),
+    (th.check_hyena, dict(d_model=6, T=13, orders=(3,), seq_len=24)),
+    (th.check_h3, dict(d_model=8, T=12, head_dims=(4,), d_state=4, shift_size=3)),
+    (th.check_h3, dict(d_model=6, T=10, head_dims=(3,), d_state=4, shift_size=5)),
+    (th.check_retnet, dict(d_model=12, T=10, num_heads=3)), (th.check_retnet, dict(d_model=4, num_heads=1)),
+    (th.check_rwkv, dict(d_model=6, T=13)), (th.check_rwkv, dict(d_model=4, T=1)),
     (th.check_index, dict(sizes=((1, 3, False), (2, 2, False), (2, 3, True), (3, 2, False),
                                  (3, 4, True), (3, 8, True)))),
     (th.check_min_states, dict(sizes=((2, 2, 1, False), (3, 3, 1, True), (3, 2, 2, False),
@@ -3305,7 +3305,7 @@ THEORY_ERRORS = [                                        # (what the message nam
     ("s=", lambda: th.shift_down(4, 2, 4)),
     ("num_vars", lambda: th.compile_circuit(th.random_circuit(3, 2, 2, seed=0), 2, 2)),
     ("T=", lambda: th.hyena_as_baseconv(th.random_mixer(mixers.Hyena, 4, 8, seed=0), 0)),
-    ("H must divide D", lambda: th.retention_as_baseconv(*[torch.eye(6, dtype=F64)] * 3,
+    ("H must divide d_model", lambda: th.retention_as_baseconv(*[torch.eye(6, dtype=F64)] * 3,
                                                          torch.full((4,), 0.9, dtype=F64), 8)),
     ("c_v", lambda: th.mqar_contexts(3, 2, 3)),            # 3 distinct values from 2
     ("c_k", lambda: th.mqar_contexts(2, 4, 3)),
