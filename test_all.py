@@ -1711,7 +1711,7 @@ def test_parse_overrides_types_and_errors():
         train.parse_overrides(["lr=3"])
 
 
-def test_mixer_setting_gives_one_mixer_per_layer():
+def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
     layers = train.parse_layers("base_conv:kernel_size=3,base_conv", 2)
     assert layers == [("base_conv", {"kernel_size": 3}), ("base_conv", {})]
     assert train.parse_layers("hyena", 3) == [("hyena", {})] * 3
@@ -1725,8 +1725,18 @@ def test_mixer_setting_gives_one_mixer_per_layer():
         train.parse_layers("hyna", 2)
     with pytest.raises(ValueError, match="option 'kernel=3' of base_conv"):
         train.parse_layers("base_conv:kernel=3", 2)
-    with pytest.raises(ValueError, match="window"):
-        train.check_config(small_config(mixer="sliding_window:window=0"))
+    # an option's value is checked where the mixer is built, once: with the model, before
+    # a run trains or writes anything
+    with pytest.raises(ValueError, match="window=0 is not allowed"):
+        train.LanguageModel(small_config(mixer="sliding_window:window=0"))
+    assert train.main(["--mixer=sliding_window:window=0", f"--out_dir={tmp_path}"]) == 2
+    assert "window=0 is not allowed" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    # the setting is parsed once per config, and again only once it has changed
+    c = small_config(mixer="hyena")
+    assert c.layers is c.layers and "layers" not in dataclasses.asdict(c)
+    c.mixer = "h3"
+    assert c.layers == [("h3", {})] * c.n_layers
 
 
 @pytest.mark.parametrize("name", list(MIXERS))
@@ -2663,7 +2673,9 @@ def test_figure2_preset_is_the_official_sweep():
     assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
     assert train.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
     for name in train.FIGURE2_MIXERS:                  # every official model builds
-        train.LanguageModel(train.make_config(preset="figure2", mixer=name, d_model=16))
+        c = train.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
+        train.LanguageModel(c)
+        assert train.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
     with pytest.raises(ValueError, match="preset='fig2'"):
         train.make_config(preset="fig2")
     assert train.parse_overrides(["--preset=figure2", "--mixer=hyena"]).mixer.startswith(

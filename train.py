@@ -147,23 +147,35 @@ class Config:
     progress: bool = True
     label: str = ""                   # a name for tables and figures (a sweep's model name)
 
+    @property
+    def layers(self):
+        """`mixer` parsed, one (name, options) per layer (parse_layers): parsed once, again
+        only if mixer or n_layers has changed since. Not a setting (no field of a record)."""
+        key = (self.mixer, self.n_layers)
+        if getattr(self, "_parsed", (None,))[0] != key:
+            self._parsed = (key, parse_layers(self.mixer, self.n_layers))
+        return self._parsed[1]
+
 
 # ----------------------------------------------------------------------------------------
 # the official Figure 2 configuration, one preset away
 
 # Each Figure 2 model of the official sweep (zoology/experiments/paper_configs/
-# iclr24_zoology_figure2/configs.py at commit d88d6f5) as per-layer mixer entries, cycled over
-# the layers as the official code picks them by layer index: BaseConv's kernel_size list
-# [3, -1, 3, -1] alternates a short and a long filter, the "based" Hybrid alternates a short
-# BaseConv and Based. {N} is seq_len, {i} the layer index.
+# iclr24_zoology_figure2/configs.py at commit d88d6f5): its layer i at sequence length N,
+# as (mixer, options), as the official code picks them by layer index. BaseConv's
+# kernel_size list [3, -1, 3, -1] alternates a short and a long filter; the "based" Hybrid
+# alternates a short BaseConv and Based.
+SHORT_OFFICIAL_BASE_CONV = ("base_conv", dict(kernel_size=3, form="official"))
 FIGURE2_MIXERS = {
-    "attention": ("attention:dropout=0.1",),
-    "base_conv": ("base_conv:kernel_size=3:form=official", "base_conv:form=official"),
-    "hyena": ("hyena:form=official",),
-    "h3": ("h3:form=official:d_state={N}:head_dim=2",),
-    "rwkv": ("rwkv:form=official:layer_idx={i}",),
-    "based": ("base_conv:kernel_size=3:form=official", "based:feature_dim=8"),
-    "mamba": ("mamba",),
+    "attention": lambda i, N: ("attention", dict(dropout=0.1)),
+    "base_conv": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
+                               else ("base_conv", dict(form="official"))),
+    "hyena": lambda i, N: ("hyena", dict(form="official")),
+    "h3": lambda i, N: ("h3", dict(form="official", d_state=N, head_dim=2)),
+    "rwkv": lambda i, N: ("rwkv", dict(form="official", layer_idx=i)),
+    "based": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
+                           else ("based", dict(feature_dim=8))),
+    "mamba": lambda i, N: ("mamba", {}),
 }
 
 
@@ -203,8 +215,15 @@ def figure2_values(config):
 def figure2_mixer(name, seq_len, n_layers):
     """A Figure 2 model name as its per-layer `mixer` setting, e.g. "h3" ->
     "h3:form=official:d_state=64:head_dim=2,h3:form=official:d_state=64:head_dim=2"."""
-    entries = FIGURE2_MIXERS[name]
-    return ",".join(entries[i % len(entries)].format(N=seq_len, i=i) for i in range(n_layers))
+    return mixer_setting([FIGURE2_MIXERS[name](i, seq_len) for i in range(n_layers)])
+
+
+def mixer_setting(layers):
+    """One (name, options) per layer as a `mixer` setting, the inverse of parse_layers:
+    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
+    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
+    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
+                    for name, options in layers)
 
 
 PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
@@ -322,7 +341,6 @@ def check_config(config):
     """Raise a ValueError naming the first setting that cannot work."""
     c = config
     check_choice("preset", c.preset, tuple(PRESETS))
-    layers = parse_layers(c.mixer, c.n_layers) if c.n_layers >= 1 else []
     check_choice("block", c.block, BLOCKS)
     check_choice("init", c.init, INITS)
     check_choice("schedule", c.schedule, SCHEDULES)
@@ -337,6 +355,7 @@ def check_config(config):
                 "eval_every"):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
+    c.layers                # the mixer names and option keys (their values: when built)
     for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
                 "num_valid", "checkpoint_every"):
         if not getattr(c, key) >= 0:
@@ -370,9 +389,6 @@ def check_config(config):
     elif c.vocab_size < 3:
         raise ValueError(f"vocab_size={c.vocab_size} is not allowed with task='lm': it must "
                          "be >= 3 (<unk>, <eof> and a token)")
-    with torch.random.fork_rng(devices=[]):   # build one of each, so bad options fail here
-        for name, kwargs in layers:
-            build_mixer(name, c.d_model, c.seq_len, **kwargs)
     return config
 
 
@@ -466,7 +482,7 @@ class LanguageModel(nn.Module):
         super().__init__()
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        layers = parse_layers(c.mixer, c.n_layers)
+        layers = c.layers
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
@@ -1528,7 +1544,7 @@ def reachable(config, q, k):
         key, inspect.signature(mixer_class(name, kwargs.get("form", "paper")))
         .parameters[key].default)
     reach, blocks = 0, set()
-    for name, kwargs in parse_layers(config.mixer, config.n_layers):
+    for name, kwargs in config.layers:
         if name == "sliding_window":
             reach += option(name, kwargs, "window") - 1
         elif name == "short_conv" or (name == "base_conv" and kwargs.get("kernel_size")):
@@ -2569,6 +2585,9 @@ def main(argv):
             continue
         try:
             records.append(train(run))
+        except ValueError as e:       # a setting only the model or the data can check
+            print(f"train.py: {e}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             print(f"interrupted; record written to {path}", file=sys.stderr)
             return 130
