@@ -2128,6 +2128,134 @@ class InputDependentConv(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
+# GLA, gated linear attention (Yang et al., 2024, "Gated Linear Attention Transformers with
+# Hardware-Efficient Training", §4)
+#
+# S_t = Diag(α_t) S_{t-1} + k_tᵀ v_t,   o_t = q_t S_t       per head: S (dk, dv), α_t (dk,)
+# log α_t = logsigmoid(x_t W_α1 W_α2 + b_α) / 16            (a low-rank gate, §4.4)
+# Every form takes (q, k, v, log_alpha, state=None, chunk_size): q, k, log_alpha
+# (B, H, T, dk), v (B, H, T, dv), state S (B, H, dk, dv) before the first position (None: 0);
+# chunk_size is the chunked form's. Each returns (o, S after the last position). The
+# module scales q by dk^-1/2 before (as flash-linear-attention does).
+
+
+def gla_recurrent(q, k, v, log_alpha, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, H, T, dk = q.shape
+    S = q.new_zeros(B, H, dk, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        S = log_alpha[:, :, t, :, None].exp() * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(out, 2), S                                            # (B, H, T, dv)
+
+
+def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
+    """The chunked form: inside a chunk of C, o_i = Σ_{j<=i} (Σ_c q_ic k_jc e^{b_ic - b_jc}) v_j
+    with b the running sum of log α from the chunk's start; across the n chunks the state,
+    read as (q_i ⊙ e^{b_i}) S and carried as S ← e^{b_C} ⊙ S + Σ_j (k_j ⊙ e^{b_C - b_j})ᵀ v_j.
+    Every exponent is <= 0 (a decay), so nothing overflows however strong the gates are:
+    the inner products carry the per-channel decay between i and j as a (C, C, dk) table
+    instead of dividing by e^{b_j} (which a strong gate sends past float range).
+    Costs B·H·T·C·dk for that table, n Python steps across chunks.
+    """
+    C = min(chunk_size, q.shape[2])
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    log_alpha, _ = _pad_to_chunks(log_alpha, C, 2)          # padding: decay 1, input 0
+    B, H, Tp, dk = q.shape
+    n, dv = Tp // C, v.shape[-1]
+    q, k, log_alpha = (t.view(B, H, n, C, dk) for t in (q, k, log_alpha))
+    v = v.view(B, H, n, C, dv)
+    b = log_alpha.cumsum(3)                                                  # (B, H, n, C, dk)
+    below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()[..., None]
+    decay = torch.where(below, b[..., :, None, :] - b[..., None, :, :], -math.inf).exp()
+    scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, decay)          # (B, H, n, C, C)
+    o = scores @ v                                                           # within chunks
+    read, write = q * b.exp(), k * (b[..., -1:, :] - b).exp()
+    carry = b[..., -1, :].exp()                                              # (B, H, n, dk)
+    S = q.new_zeros(B, H, dk, dv) if state is None else state
+    past = []
+    for c in range(n):
+        past.append(read[:, :, c] @ S)                                       # (B, H, C, dv)
+        S = carry[:, :, c, :, None] * S + write[:, :, c].transpose(-1, -2) @ v[:, :, c]
+    o = o + torch.stack(past, 2)
+    return o.reshape(B, H, Tp, dv)[:, :, :T], S
+
+
+GLA_IMPLS = {"fast": gla_chunked, "reference": gla_recurrent}
+
+
+class GLA(Mixer):
+    """Gated linear attention (Yang et al., 2024): per head, the recurrence above with a
+    data-dependent decay per key channel, then an RMSNorm of each head's output, a swish
+    output gate and an output projection:
+
+        q, k = x W_q, x W_k (d·expand_k channels), v, g = x W_v, x W_g (d·expand_v);
+        log α = logsigmoid(x W_α1 W_α2 + b_α) / gate_normalizer (rank gate_rank);
+        y = W_o (RMSNorm(o) ⊙ swish(g)).
+
+    The paper's defaults: expand_k 0.5, expand_v 1, 4 heads, rank 16, normalizer 16 (so
+    that α starts close to 1: slow forgetting), no short convolution. No bias but the gate's.
+    State of `step`: S, H·dk·dv numbers (dk = d·expand_k/H, dv = d·expand_v/H) at every t.
+    To copy: this class, gla_chunked and gla_recurrent (with _pad_to_chunks) and Mixer.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, expand_k=0.5, expand_v=1.0,
+                 gate_rank=16, gate_normalizer=16.0, impl="fast", chunk_size=16):
+        super().__init__()
+        key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
+        for name, value in (("num_heads", num_heads), ("gate_rank", gate_rank),
+                            ("chunk_size", chunk_size)):
+            check_positive(name, value)
+        for name, dim in (("expand_k", key_dim), ("expand_v", value_dim)):
+            if dim < 1 or dim % num_heads:
+                raise ValueError(f"{name}={expand_k if name == 'expand_k' else expand_v!r} is "
+                                 f"not allowed with d_model={d_model}, num_heads={num_heads}: "
+                                 f"d_model·{name} = {dim} must be a multiple of num_heads")
+        if not gate_normalizer > 0:
+            raise ValueError(f"gate_normalizer={gate_normalizer!r} is not allowed: it must "
+                             "be > 0")
+        check_choice("impl", impl, tuple(GLA_IMPLS))
+        self.num_heads, self.impl, self.chunk_size = num_heads, impl, chunk_size
+        self.gate_normalizer = gate_normalizer
+        self.q_proj = nn.Linear(d_model, key_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, key_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, value_dim, bias=False)
+        self.g_proj = nn.Linear(d_model, value_dim, bias=False)
+        self.gate_down = nn.Linear(d_model, gate_rank, bias=False)
+        self.gate_up = nn.Linear(gate_rank, key_dim)
+        self.norm = nn.RMSNorm(value_dim // num_heads, eps=1e-5)
+        self.out_proj = nn.Linear(value_dim, d_model, bias=False)
+
+    def _inputs(self, x):
+        """x (..., T, d) -> q (scaled by dk^-1/2), k, v, log α as (..., H, T, head dim)."""
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        log_alpha = F.logsigmoid(self.gate_up(self.gate_down(x))) / self.gate_normalizer
+        return q * q.shape[-1] ** -0.5, k, v, heads(log_alpha)
+
+    def _output(self, o, x):
+        """o (..., H, T, dv) -> y (..., T, d): norm per head, swish gate, projection."""
+        o = self.norm(o).transpose(-2, -3).flatten(-2)                       # (..., T, H·dv)
+        return self.out_proj(o * F.silu(self.g_proj(x)))
+
+    def forward(self, x):
+        o, _ = GLA_IMPLS[self.impl](*self._inputs(x), chunk_size=self.chunk_size)
+        return self._output(o, x)
+
+    def step(self, x_t, state=None):
+        x = x_t[:, None]                                                     # (B, 1, d)
+        o, S = gla_recurrent(*self._inputs(x), None if state is None else state[0])
+        return self._output(o, x)[:, 0], (S,)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        H = self.num_heads
+        return H * (self.q_proj.out_features // H) * (self.v_proj.out_features // H)
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -2145,6 +2273,7 @@ MIXERS = {
     "mamba": Mamba,
     "selective_attention": SelectiveAttention,
     "input_dependent_conv": InputDependentConv,
+    "gla": GLA,
 }
 # form="official": the official code's layer, where Figure 2 trained another than the paper's
 OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,

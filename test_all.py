@@ -493,6 +493,7 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("selective_attention", dict(selection="programmatic")),
     ("input_dependent_conv", dict(filters="autocorrelation")),
     ("input_dependent_conv", dict(filters="autocorrelation", num_lags=1)),
+    ("gla", dict(num_heads=2, expand_k=1.0, chunk_size=5)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -1227,6 +1228,14 @@ def recurrence(name, T, seed=0):
     if name == "based":
         q, k, v = r(2, 2, T, 4), r(2, 2, T, 4), r(2, 2, T, 3)
         return mixers.BASED_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t], **kw)
+    if name == "gla":
+        # log decays from -0.01 to -300 a step across the key channels: at -300, e^{-b_j}
+        # (a form that divides by the decay) is past float64's range within two steps
+        q, k, v = r(2, 3, T, 6), r(2, 3, T, 6), r(2, 3, T, 4)
+        scale = torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
+        log_alpha = -r(2, 3, T, 6).exp() * scale
+        return mixers.GLA_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t],
+                                                       log_alpha[:, :, t], **kw)
     x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
@@ -1241,7 +1250,7 @@ def comparable(state):
     return state if isinstance(state, tuple) else (state,)
 
 
-@pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan"])
+@pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan", "gla"])
 def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_state(name):
     """Every other form (chunk sizes 1, 4 and 8 across T = 29, ragged last chunk; 64 > T)
     gives the reference's outputs and final state; every form, the reference too, run in
@@ -1411,6 +1420,67 @@ def test_based_state_size_counts_features_times_values_plus_normaliser():
     m = mixers.Based(64, 32, feature_dim=16, num_heads=2)
     Fd = 1 + 16 + 16 * 17 // 2                  # the compact features: each x_a x_b once
     assert m.state_size(7) == 2 * (32 * Fd + Fd)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.GLA
+
+def naive_recurrent_gla(q, k, v, gk, initial_state=None):
+    """flash-linear-attention's naive_recurrent_gla (fla/ops/gla/naive.py, commit bc3b101),
+    transcribed in float64: q, k, gk (B, T, H, K), v (B, T, H, V), q scaled by K^-1/2 inside;
+    h = h ⊙ e^{gk_i} + k_i v_iᵀ, o_i = Σ_K q_i h. Returns (o (B, T, H, V), h)."""
+    q, k, v, gk = (x.transpose(1, 2) for x in (q, k, v, gk))
+    B, H, T, K, V = *q.shape, v.shape[-1]
+    o = torch.zeros_like(v)
+    scale = K ** -0.5
+    h = q.new_zeros(B, H, K, V)
+    if initial_state is not None:
+        h += initial_state
+    for i in range(T):
+        q_i = q[:, :, i] * scale
+        k_i = k[:, :, i]
+        v_i = v[:, :, i]
+        gk_i = gk[:, :, i].exp()
+        kv_i = k_i[..., None] * v_i[..., None, :]
+        h = h * gk_i[..., None] + kv_i
+        o[:, :, i] = (q_i[..., None] * h).sum(-2)
+    return o.transpose(1, 2), h
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_gla_forms_are_flash_linear_attentions_naive_recurrence(impl):
+    """Both forms, from a state, against the transcription (the gate as the GLA layer makes
+    it: logsigmoid / 16)."""
+    B, T, H, K, V = 2, 19, 3, 4, 5
+    q, k, gk = (torch.randn(B, T, H, K, dtype=F64) for _ in range(3))
+    v, S0 = torch.randn(B, T, H, V, dtype=F64), torch.randn(B, H, K, V, dtype=F64)
+    gk = F.logsigmoid(gk) / 16
+    want, S = naive_recurrent_gla(q, k, v, gk, S0)
+    heads = lambda x: x.transpose(1, 2)
+    got, S_got = mixers.GLA_IMPLS[impl](heads(q) * K ** -0.5, heads(k), heads(v), heads(gk),
+                                        S0, chunk_size=4)
+    assert torch.allclose(heads(got), want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+
+
+def test_gla_module_is_the_papers_layer_written_out():
+    """q, k, v, g projections; log α = logsigmoid(x W_α1 W_α2 + b_α)/16; per head the
+    recurrence (the transcription); RMSNorm of each head's output (its own weight), times
+    swish(g), W_o. Every parameter perturbed so that each matters."""
+    T, d = 10, 16
+    m = make_mixer("gla", d=d, T=T, num_heads=2, chunk_size=3)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(2, T, d, dtype=F64)
+    split = lambda t: t.unflatten(-1, (2, -1))                             # (B, T, H, ·)
+    q, k, v = (split(x @ w.weight.T) for w in (m.q_proj, m.k_proj, m.v_proj))
+    gk = split(F.logsigmoid((x @ m.gate_down.weight.T) @ m.gate_up.weight.T + m.gate_up.bias) / 16)
+    o, _ = naive_recurrent_gla(q, k, v, gk)                                # (B, T, H, dv)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
+    g = x @ m.g_proj.weight.T
+    y = (o.flatten(-2) * g * torch.sigmoid(g)) @ m.out_proj.weight.T
+    assert torch.allclose(m(x), y, atol=1e-12)
+    assert m.state_size(T) == 2 * 4 * 8                                    # H·dk·dv
 
 
 # ----------------------------------------------------------------------------------------
