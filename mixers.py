@@ -2256,6 +2256,133 @@ class GLA(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
+# Mamba-2, the SSD layer (Dao & Gu, 2024, "Transformers are SSMs", §7 and Listing 1)
+#
+# h_t = e^{Δ_t a_h} h_{t-1} + Δ_t x_t B_tᵀ,   y_t = h_t C_t + skip_h x_t   per head h:
+# h (P, d_state), a_h = -exp(A_log_h) one scalar per head (Mamba's is one per channel and
+# state), x_t (P,), B_t, C_t (d_state,) shared by the heads (one group).
+# Both forms take (x, delta, a, Bm, Cm, state=None, chunk_size): x (B, T, H, P), delta
+# (B, T, H), a (H,), Bm, Cm (B, T, d_state), state h (B, H, P, d_state) before the first
+# position (None: 0). Each returns (y without the skip term, h after the last position).
+
+
+def ssd_recurrent(x, delta, a, Bm, Cm, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, T, H, P = x.shape
+    h = x.new_zeros(B, H, P, Bm.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        decay = torch.exp(delta[:, t] * a)[:, :, None, None]                 # (B, H, 1, 1)
+        h = decay * h + (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
+        out.append(h @ Cm[:, t, None, :, None])                               # (B, H, P, 1)
+    return torch.cat(out, -1).permute(0, 3, 1, 2), h                          # (B, T, H, P)
+
+
+def ssd_chunked(x, delta, a, Bm, Cm, state=None, chunk_size=64):
+    """The SSD algorithm (Listing 1): a scalar decay per head makes a chunk's map a masked
+    attention, y_i = Σ_{j<=i} (C_i·B_j) e^{s_i - s_j} Δ_j x_j with s the running sum of Δa,
+    computed as matrix products; the state carries across the n chunks (n Python steps),
+    read as e^{s_i} C_i h and updated as e^{s_C} h + Σ_j e^{s_C - s_j} Δ_j x_j B_jᵀ. Every
+    exponent is <= 0. Costs B·H·T·C·(d_state + P) inside chunks and 2·B·H·T·P·d_state
+    across them."""
+    C = min(chunk_size, x.shape[1])
+    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
+    B, Tp, H, P = x.shape
+    n, d_state = Tp // C, Bm.shape[-1]
+    u = (delta[..., None] * x).view(B, n, C, H, P).permute(0, 3, 1, 2, 4)    # (B, H, n, C, P)
+    s = (delta * a).view(B, n, C, H).permute(0, 3, 1, 2).cumsum(-1)          # (B, H, n, C)
+    Bc, Cc = Bm.view(B, 1, n, C, d_state), Cm.view(B, 1, n, C, d_state)
+    below = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
+    decay = torch.where(below, s[..., :, None] - s[..., None, :], -math.inf).exp()
+    y = ((Cc @ Bc.transpose(-1, -2)) * decay) @ u                            # (B, H, n, C, P)
+    write = (s[..., -1:] - s).exp()[..., None] * u                           # (B, H, n, C, P)
+    h = x.new_zeros(B, H, P, d_state) if state is None else state
+    past = []
+    for c in range(n):
+        past.append(s[:, :, c, :, None].exp() * (Cc[:, :, c] @ h.transpose(-1, -2)))
+        h = s[:, :, c, -1, None, None].exp() * h + write[:, :, c].transpose(-1, -2) @ Bc[:, :, c]
+    y = y + torch.stack(past, 2)
+    return y.permute(0, 2, 3, 1, 4).reshape(B, Tp, H, P)[:, :T], h
+
+
+SSD_IMPLS = {"fast": ssd_chunked, "reference": ssd_recurrent}
+
+
+class Mamba2(Mixer):
+    """The Mamba-2 layer (Dao & Gu, 2024; mamba_ssm's Mamba2Simple): one projection to
+    (z, x, B, C, Δ); a short causal depthwise convolution and SiLU on (x, B, C); Δ =
+    softplus(Δ + dt_bias) per head; the SSD recurrence above with skip; RMSNorm(y ⊙ SiLU(z))
+    (norm after the gate, as Mamba2Simple); an output projection.
+
+    Defaults: expand 2, d_state 64, headdim 64 (H = expand·d / headdim heads; None: 64, or
+    d_inner where that is smaller), conv 4, one group of B and C. Initialised as Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in
+    [1e-3, 1e-1] through dt_bias, skip = 1, the conv as PyTorch draws an nn.Conv1d; no
+    biases in the projections. `keeps_own_init`: a model's initialisation leaves it so.
+    State of `step`: h, H·P·d_state numbers, and the last conv inputs,
+    min(t, d_conv - 1)·(d_inner + 2·d_state).
+    To copy: this class, ssd_chunked and ssd_recurrent (with _pad_to_chunks), causal_conv
+    (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
+    """
+
+    keeps_own_init = True
+
+    def __init__(self, d_model, seq_len, d_state=64, expand=2, headdim=None, d_conv=4,
+                 impl="fast", chunk_size=64):
+        super().__init__()
+        d_inner = expand * d_model if isinstance(expand, int) else 0
+        headdim = min(64, d_inner) if headdim is None and d_inner > 0 else headdim
+        for name, value in (("d_state", d_state), ("expand", expand), ("headdim", headdim),
+                            ("d_conv", d_conv), ("chunk_size", chunk_size)):
+            check_positive(name, value)
+        if d_inner % headdim:
+            raise ValueError(f"headdim={headdim} is not allowed with d_model={d_model}, "
+                             f"expand={expand}: it must divide d_inner = {d_inner}")
+        check_choice("impl", impl, tuple(SSD_IMPLS))
+        H = d_inner // headdim
+        self.impl, self.chunk_size, self.d_state, self.headdim = impl, chunk_size, d_state, headdim
+        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * d_state + H, bias=False)
+        conv_dim = d_inner + 2 * d_state
+        self.conv_weight = nn.Parameter(torch.empty(conv_dim, d_conv))
+        self.conv_bias = nn.Parameter(torch.empty(conv_dim))
+        conv1d_init_(self.conv_weight, self.conv_bias, fan_in=d_conv)
+        dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
+        self.A_log = nn.Parameter(torch.log(torch.empty(H).uniform_(1, 16)))
+        self.skip = nn.Parameter(torch.ones(H))
+        self.norm = nn.RMSNorm(d_inner, eps=1e-5)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def _mix(self, u, state, scan):
+        """u (B, T, d) after `state` (None, or (h, the conv's past inputs)): (y, new state)."""
+        B, T, _ = u.shape
+        d_inner = self.out_proj.in_features
+        z, xBC, dt = self.in_proj(u).split([d_inner, d_inner + 2 * self.d_state,
+                                            self.skip.shape[0]], dim=-1)
+        xBC, past = causal_conv(xBC, self.conv_weight, state=None if state is None else state[1])
+        x, Bm, Cm = F.silu(xBC + self.conv_bias).split([d_inner, self.d_state, self.d_state], -1)
+        x = x.unflatten(-1, (-1, self.headdim))                              # (B, T, H, P)
+        delta = F.softplus(dt + self.dt_bias)                                # (B, T, H)
+        y, h = scan(x, delta, -torch.exp(self.A_log), Bm, Cm,
+                    None if state is None else state[0], chunk_size=self.chunk_size)
+        y = (y + self.skip[:, None] * x).flatten(-2)                         # (B, T, d_inner)
+        return self.out_proj(self.norm(y * F.silu(z))), (h, past)
+
+    def forward(self, x):
+        return self._mix(x, None, SSD_IMPLS[self.impl])[0]
+
+    def step(self, x_t, state=None):
+        y, state = self._mix(x_t[:, None], state, ssd_recurrent)
+        return y[:, 0], state
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        d_inner = self.out_proj.in_features
+        conv = min(t, self.conv_weight.shape[1] - 1) * self.conv_weight.shape[0]
+        return d_inner * self.d_state + conv
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -2274,6 +2401,7 @@ MIXERS = {
     "selective_attention": SelectiveAttention,
     "input_dependent_conv": InputDependentConv,
     "gla": GLA,
+    "mamba2": Mamba2,
 }
 # form="official": the official code's layer, where Figure 2 trained another than the paper's
 OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,

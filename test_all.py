@@ -494,6 +494,7 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("input_dependent_conv", dict(filters="autocorrelation")),
     ("input_dependent_conv", dict(filters="autocorrelation", num_lags=1)),
     ("gla", dict(num_heads=2, expand_k=1.0, chunk_size=5)),
+    ("mamba2", dict(d_state=4, headdim=4, chunk_size=5)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -1236,6 +1237,13 @@ def recurrence(name, T, seed=0):
         log_alpha = -r(2, 3, T, 6).exp() * scale
         return mixers.GLA_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t],
                                                        log_alpha[:, :, t], **kw)
+    if name == "ssd":
+        # Δ·a from -0.01 to -300 a step across the heads, as for the scans above
+        x, Bm, Cm = r(2, T, 4, 3), r(2, T, 5), r(2, T, 5)
+        a = -torch.tensor([0.01, 1.0, 30.0, 300.0], dtype=F64)
+        delta = r(2, T, 4).exp()
+        return mixers.SSD_IMPLS, lambda f, t, **kw: f(x[:, t], delta[:, t], a, Bm[:, t],
+                                                       Cm[:, t], **kw)
     x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
@@ -1250,7 +1258,8 @@ def comparable(state):
     return state if isinstance(state, tuple) else (state,)
 
 
-@pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan", "gla"])
+@pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan", "gla",
+                                  "ssd"])
 def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_state(name):
     """Every other form (chunk sizes 1, 4 and 8 across T = 29, ragged last chunk; 64 > T)
     gives the reference's outputs and final state; every form, the reference too, run in
@@ -1259,7 +1268,7 @@ def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_stat
     forms, run = recurrence(name, T)
     y, state = run(forms["reference"], slice(None))
     close = lambda a, b: torch.allclose(a, b, atol=1e-10, rtol=1e-10)
-    dim = 1 if name in ("wkv", "selective_scan") else 2
+    dim = 1 if name in ("wkv", "selective_scan", "ssd") else 2
     for key, form in forms.items():
         for C in (1, 4, 8, 64):
             y_whole, s_whole = run(form, slice(None), chunk_size=C)
@@ -1481,6 +1490,86 @@ def test_gla_module_is_the_papers_layer_written_out():
     y = (o.flatten(-2) * g * torch.sigmoid(g)) @ m.out_proj.weight.T
     assert torch.allclose(m(x), y, atol=1e-12)
     assert m.state_size(T) == 2 * 4 * 8                                    # H·dk·dv
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.Mamba2
+
+def segsum(x):
+    """mamba_ssm/modules/ssd_minimal.py's segsum (commit e9594ce), transcribed: (..., T) ->
+    (..., T, T), entry (i, j) = x[j+1] + ... + x[i] for j <= i, -inf above."""
+    T = x.size(-1)
+    x = x[..., None].repeat_interleave(T, -1)                                # "... d -> ... d e"
+    mask = torch.tril(torch.ones(T, T, dtype=bool), diagonal=-1)
+    x = x.masked_fill(~mask, 0)
+    x_segsum = torch.cumsum(x, dim=-2)
+    mask = torch.tril(torch.ones(T, T, dtype=bool), diagonal=0)
+    return x_segsum.masked_fill(~mask, -torch.inf)
+
+
+def ssd_minimal_discrete(X, A, B, C, block_len, initial_states=None):
+    """ssd_minimal.py's ssd_minimal_discrete (Listing 1 of the paper), transcribed with
+    einops' rearranges written as reshapes: X (b, l, h, p), A (b, l, h), B, C (b, l, h, n)."""
+    b, l, h, p = X.shape
+    X, A, B, C = (t.reshape(b, l // block_len, block_len, *t.shape[2:]) for t in (X, A, B, C))
+    A = A.permute(0, 3, 1, 2)                                                 # b h c l
+    A_cumsum = torch.cumsum(A, dim=-1)
+    L = torch.exp(segsum(A))
+    Y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X)
+    decay_states = torch.exp(A_cumsum[:, :, :, -1:] - A_cumsum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_states, X)
+    if initial_states is None:
+        initial_states = torch.zeros_like(states[:, :1])
+    states = torch.cat([initial_states, states], dim=1)
+    decay_chunk = torch.exp(segsum(F.pad(A_cumsum[:, :, :, -1], (1, 0))))
+    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states, final_state = new_states[:, :-1], new_states[:, -1]
+    state_decay_out = torch.exp(A_cumsum)
+    Y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, state_decay_out)
+    return (Y_diag + Y_off).reshape(b, l, h, p), final_state
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_ssd_forms_are_the_papers_listing_1(impl):
+    """Both forms, from a state, against ssd_minimal_discrete, whose X is Δ·x and A is Δ·a
+    (B and C one group, broadcast to the heads)."""
+    b, l, h, p, n = 2, 12, 3, 4, 5
+    x, Bm, Cm = (torch.randn(b, l, h, p, dtype=F64), torch.randn(b, l, n, dtype=F64),
+                 torch.randn(b, l, n, dtype=F64))
+    delta, a = torch.rand(b, l, h, dtype=F64) + 0.1, -torch.rand(h, dtype=F64) - 0.5
+    h0 = torch.randn(b, h, p, n, dtype=F64)
+    want, final = ssd_minimal_discrete(delta[..., None] * x, delta * a,
+                                       Bm[:, :, None].expand(b, l, h, n),
+                                       Cm[:, :, None].expand(b, l, h, n), 4, h0[:, None])
+    got, h_got = mixers.SSD_IMPLS[impl](x, delta, a, Bm, Cm, h0, chunk_size=4)
+    assert torch.allclose(got, want, atol=1e-12) and torch.allclose(h_got, final, atol=1e-12)
+
+
+def test_mamba2_module_is_mamba2_simple_written_out():
+    """in_proj to (z, xBC, dt); depthwise causal conv with bias and SiLU on xBC; Δ =
+    softplus(dt + dt_bias); the SSD recurrence with a = -exp(A_log) and skip; norm after
+    the gate, RMSNorm(y ⊙ SiLU(z)) ⊙ w; out_proj. Every parameter perturbed."""
+    T, d, n, P = 9, 8, 4, 4
+    m = make_mixer("mamba2", d=d, T=T, d_state=n, headdim=P, chunk_size=4)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    u = torch.randn(2, T, d, dtype=F64)
+    z, xBC, dt = (u @ m.in_proj.weight.T).split([16, 16 + 2 * n, 4], -1)
+    K = m.conv_weight.shape[1]
+    xBC = F.silu(torch.stack([sum(m.conv_weight[:, s] * xBC[:, t - s] for s in range(min(K, t + 1)))
+                              for t in range(T)], 1) + m.conv_bias)
+    x, Bm, Cm = xBC.split([16, n, n], -1)
+    x = x.unflatten(-1, (4, P))                                              # (B, T, H, P)
+    delta, a = F.softplus(dt + m.dt_bias), -m.A_log.exp()
+    h, ys = torch.zeros(2, 4, P, n, dtype=F64), []
+    for t in range(T):
+        h = (delta[:, t] * a).exp()[..., None, None] * h + \
+            (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
+        ys.append((h * Cm[:, t, None, None, :]).sum(-1) + m.skip[:, None] * x[:, t])
+    y = torch.stack(ys, 1).flatten(-2) * F.silu(z)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
+    assert torch.allclose(m(u), y @ m.out_proj.weight.T, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------
