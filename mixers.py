@@ -2383,6 +2383,169 @@ class Mamba2(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
+# DeltaNet and Gated DeltaNet (Schlag et al., 2021; Yang et al., 2024, "Parallelizing
+# Linear Transformers with the Delta Rule"; Yang et al., 2025, "Gated Delta Networks")
+#
+# S_t = α_t (I - β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ,   o_t = S_tᵀ q_t   per head: S (dk, dv)
+# (α_t = 1: DeltaNet). With u_t = β_t (v_t - (α_t S_{t-1})ᵀ k_t) the update is
+# S_t = α_t S_{t-1} + k_t u_tᵀ: each step writes the correction of what the state recalls
+# for k_t. Both forms take (q, k, v, beta, log_alpha, state=None, chunk_size): q, k
+# (B, H, T, dk), v (B, H, T, dv), beta, log_alpha (B, H, T) (log_alpha None: DeltaNet),
+# state S (B, H, dk, dv) before the first position (None: 0). Each returns (o, S after the
+# last position). The layers scale q by dk^-1/2 before (as flash-linear-attention does).
+
+
+def delta_rule_recurrent(q, k, v, beta, log_alpha=None, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, H, T, dk = q.shape
+    S = q.new_zeros(B, H, dk, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        if log_alpha is not None:
+            S = log_alpha[:, :, t, None, None].exp() * S
+        k_t = k[:, :, t]
+        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k_t))
+        S = S + k_t[..., None] * u[..., None, :]
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
+    return torch.stack(out, 2), S                                            # (B, H, T, dv)
+
+
+def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=64):
+    """The chunkwise form (the WY representation of Yang et al., 2024, with the gate of
+    Yang et al., 2025). In a chunk of C, with γ the running sum of log α from its start and
+    S_0 the state entering it, the corrections solve a unit lower-triangular system,
+        (I + diag(β) L) U = diag(β) (V - diag(e^γ) K S_0),  L_jm = e^{γ_j - γ_m} k_j·k_m (m < j),
+    so U = U_0 - W S_0 (U_0, W: one triangular solve for all chunks at once); then
+        O = P U + diag(e^γ) Q S_0,   P_im = e^{γ_i - γ_m} q_i·k_m (m <= i),
+        S_C = e^{γ_C} S_0 + (K ⊙ e^{γ_C - γ})ᵀ U.
+    Only the last two run chunk by chunk (n Python steps of matrix products); every
+    exponent is <= 0. Costs B·H·T·C·(dk + dv) for the chunks' matrices and the solve.
+    """
+    C = min(chunk_size, q.shape[2])
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    beta, _ = _pad_to_chunks(beta, C, 2)                     # padding: β = 0, nothing written
+    B, H, Tp, dk = q.shape
+    n, dv = Tp // C, v.shape[-1]
+    q, k = q.view(B, H, n, C, dk), k.view(B, H, n, C, dk)
+    v, beta = v.view(B, H, n, C, dv), beta.view(B, H, n, C, 1)
+    if log_alpha is None:
+        gamma = q.new_zeros(B, H, n, C)
+    else:
+        gamma = _pad_to_chunks(log_alpha, C, 2)[0].view(B, H, n, C).cumsum(-1)
+    ratio = gamma[..., :, None] - gamma[..., None, :]                        # γ_i - γ_m
+    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    L = torch.where(strict, ratio, -math.inf).exp() * (k @ k.transpose(-1, -2))
+    system = torch.eye(C, dtype=q.dtype, device=q.device) + beta * L
+    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
+                                                      unitriangular=True)
+    U0, W = solve(beta * v), solve(beta * gamma.exp()[..., None] * k)
+    P = torch.where(strict | torch.eye(C, dtype=torch.bool, device=q.device), ratio,
+                    -math.inf).exp() * (q @ k.transpose(-1, -2))             # (B, H, n, C, C)
+    O0, read = P @ U0, gamma.exp()[..., None] * q - P @ W
+    write = k * (gamma[..., -1:] - gamma).exp()[..., None]
+    S = q.new_zeros(B, H, dk, dv) if state is None else state
+    out = []
+    for c in range(n):
+        out.append(O0[:, :, c] + read[:, :, c] @ S)
+        U = U0[:, :, c] - W[:, :, c] @ S
+        S = gamma[:, :, c, -1, None, None].exp() * S + write[:, :, c].transpose(-1, -2) @ U
+    return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
+
+
+DELTA_RULE_IMPLS = {"fast": delta_rule_chunked, "reference": delta_rule_recurrent}
+
+
+class DeltaNet(Mixer):
+    """DeltaNet (Yang et al., 2024, as flash-linear-attention's DeltaNet layer): q, k, v
+    projections, each through a short causal convolution (K = 4, no bias) and SiLU; q and
+    k L2-normalised per head (so that each step's β k kᵀ is a projection, and the state
+    stays bounded); β = σ(x W_β) per head; the delta rule above; an RMSNorm of each head's
+    output; an output projection. No bias but none: every projection is bias-free.
+    State of `step`: S, H·dk·dv numbers (dk = dv = d/H), and the three convolutions' last
+    inputs, 3·d·min(t, K - 1).
+    To copy: this class, delta_rule_chunked and delta_rule_recurrent (with _pad_to_chunks),
+    causal_conv (with the forms in CONV_IMPLS), conv1d_init_, _at_least_float32 and Mixer.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
+                 chunk_size=64):
+        super().__init__()
+        check_divides("num_heads", num_heads, d_model)
+        check_positive("conv_size", conv_size)
+        check_positive("chunk_size", chunk_size)
+        check_choice("impl", impl, tuple(DELTA_RULE_IMPLS))
+        self.num_heads, self.impl, self.chunk_size = num_heads, impl, chunk_size
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model, bias=False)
+                                                 for _ in range(3))
+        self.conv_weight = nn.Parameter(torch.empty(3 * d_model, conv_size))   # q, k, v
+        conv1d_init_(self.conv_weight, fan_in=conv_size)
+        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.norm = nn.RMSNorm(d_model // num_heads, eps=1e-5)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def _log_alpha(self, x):
+        return None                                        # DeltaNet: no decay
+
+    def _output(self, o, x):
+        return self.norm(o)
+
+    def _mix(self, x, state, rule):
+        """x (B, T, d) after `state` (None, or (S, the convolutions' past inputs))."""
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        qkv, past = causal_conv(qkv, self.conv_weight, state=None if state is None else state[1])
+        q, k, v = (heads(t) for t in F.silu(qkv).chunk(3, -1))              # (B, H, T, dh)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)                 # (B, H, T)
+        log_alpha = self._log_alpha(x)
+        # under autocast too: the triangular solve has no bfloat16 kernel
+        q, k, v, beta = _at_least_float32(q, k, v, beta)
+        o, S = rule(q * q.shape[-1] ** -0.5, k, v, beta, log_alpha,
+                    None if state is None else state[0], chunk_size=self.chunk_size)
+        o = self._output(o, x).transpose(1, 2).flatten(-2)                   # (B, T, d)
+        return self.out_proj(o), (S, past)
+
+    def forward(self, x):
+        return self._mix(x, None, DELTA_RULE_IMPLS[self.impl])[0]
+
+    def step(self, x_t, state=None):
+        y, state = self._mix(x_t[:, None], state, delta_rule_recurrent)
+        return y[:, 0], state
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        d = self.out_proj.in_features
+        return d * d // self.num_heads + min(t, self.conv_weight.shape[1] - 1) * 3 * d
+
+
+class GatedDeltaNet(DeltaNet):
+    """Gated DeltaNet (Yang et al., 2025, as flash-linear-attention's GatedDeltaNet layer):
+    DeltaNet's layer with a decay per head and step, Mamba-2's,
+    log α = -exp(A_log)·softplus(x W_a + dt_bias) (A from U(0, 16), Δ log-uniform in
+    [1e-3, 1e-1] through dt_bias), and an output gate: RMSNorm(o) ⊙ SiLU(x W_g).
+    State of `step`: as DeltaNet's.
+    To copy: this class, DeltaNet and what it needs.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
+                 chunk_size=64):
+        super().__init__(d_model, seq_len, num_heads, conv_size, impl, chunk_size)
+        self.a_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.g_proj = nn.Linear(d_model, d_model, bias=False)
+        dt = torch.exp(torch.rand(num_heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(0, 16)))
+
+    def _log_alpha(self, x):
+        return (-self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)).transpose(1, 2)
+
+    def _output(self, o, x):
+        gate = self.g_proj(x).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        return self.norm(o) * F.silu(gate)
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -2402,6 +2565,8 @@ MIXERS = {
     "input_dependent_conv": InputDependentConv,
     "gla": GLA,
     "mamba2": Mamba2,
+    "deltanet": DeltaNet,
+    "gated_deltanet": GatedDeltaNet,
 }
 # form="official": the official code's layer, where Figure 2 trained another than the paper's
 OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,

@@ -495,6 +495,8 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("input_dependent_conv", dict(filters="autocorrelation", num_lags=1)),
     ("gla", dict(num_heads=2, expand_k=1.0, chunk_size=5)),
     ("mamba2", dict(d_state=4, headdim=4, chunk_size=5)),
+    ("deltanet", dict(num_heads=2, chunk_size=5)),
+    ("gated_deltanet", dict(num_heads=2, chunk_size=5, conv_size=1)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -1244,6 +1246,14 @@ def recurrence(name, T, seed=0):
         delta = r(2, T, 4).exp()
         return mixers.SSD_IMPLS, lambda f, t, **kw: f(x[:, t], delta[:, t], a, Bm[:, t],
                                                        Cm[:, t], **kw)
+    if name == "delta_rule":
+        # unit keys (the layers L2-normalise them), β in (0, 1), log decays down to -300
+        q, k, v = r(2, 4, T, 5), F.normalize(r(2, 4, T, 5), dim=-1), r(2, 4, T, 3)
+        beta = torch.sigmoid(r(2, 4, T))
+        log_alpha = -r(2, 4, T).exp() * torch.tensor([0.01, 1.0, 30.0, 300.0],
+                                                      dtype=F64)[:, None]
+        return mixers.DELTA_RULE_IMPLS, lambda f, t, **kw: f(
+            q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], log_alpha[:, :, t], **kw)
     x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
@@ -1259,7 +1269,7 @@ def comparable(state):
 
 
 @pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan", "gla",
-                                  "ssd"])
+                                  "ssd", "delta_rule"])
 def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_state(name):
     """Every other form (chunk sizes 1, 4 and 8 across T = 29, ragged last chunk; 64 > T)
     gives the reference's outputs and final state; every form, the reference too, run in
@@ -1570,6 +1580,103 @@ def test_mamba2_module_is_mamba2_simple_written_out():
     y = torch.stack(ys, 1).flatten(-2) * F.silu(z)
     y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
     assert torch.allclose(m(u), y @ m.out_proj.weight.T, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.DeltaNet, mixers.GatedDeltaNet
+
+def delta_rule_recurrence(q, k, v, beta, initial_state=None):
+    """flash-linear-attention's delta_rule_recurrence (fla/ops/delta_rule/naive.py, commit
+    bc3b101), transcribed in float64: q, k (b, h, l, d_k), v (b, h, l, d_v), beta (b, h, l)."""
+    b, h, l, d_k = q.shape
+    d_v = v.shape[-1]
+    o = torch.zeros_like(v)
+    S = torch.zeros(b, h, d_k, d_v).to(v)
+    q = q * (d_k ** -0.5)
+    if beta.ndim < v.ndim:
+        beta = beta[..., None]
+    if initial_state is not None:
+        S += initial_state
+    for i in range(l):
+        _k = k[:, :, i]
+        _q = q[:, :, i]
+        _v = v[:, :, i].clone()
+        beta_i = beta[:, :, i]
+        _v = _v - (S.clone() * _k[..., None]).sum(-2)
+        _v = _v * beta_i
+        S = S.clone() + _k.unsqueeze(-1) * _v.unsqueeze(-2)
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", _q, S)
+    return o, S
+
+
+def naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=None):
+    """fla/ops/gated_delta_rule/naive.py's naive_recurrent_gated_delta_rule (commit
+    bc3b101), transcribed in float64: q, k (B, T, H, K), v (B, T, H, V), beta, g (B, T, H)."""
+    q, k, v, beta, g = (x.transpose(1, 2) for x in (q, k, v, beta, g))
+    B, H, T, K, V = *k.shape, v.shape[-1]
+    o = torch.zeros(B, H, T, V).to(v)
+    h = torch.zeros(B, H, K, V).to(v)
+    if initial_state is not None:
+        h = initial_state
+    q = q * (1 / (q.shape[-1] ** 0.5))
+    for i in range(T):
+        b_q = q[:, :, i]
+        b_k = k[:, :, i]
+        b_v = v[:, :, i].clone()
+        h = h.clone() * g[:, :, i].exp()[..., None, None]
+        b_beta = beta[:, :, i]
+        b_v = b_v - (h.clone() * b_k[..., None]).sum(-2)
+        b_v = b_v * b_beta[..., None]
+        h = h.clone() + b_k.unsqueeze(-1) * b_v.unsqueeze(-2)
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", b_q, h)
+    return o.transpose(1, 2), h
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_delta_rule_forms_are_flash_linear_attentions_naive_recurrences(impl):
+    """Both forms, from a state: without a gate against delta_rule_recurrence, with one
+    (as Gated DeltaNet makes it) against naive_recurrent_gated_delta_rule."""
+    b, h, l, dk, dv = 2, 3, 13, 4, 5
+    q, v = torch.randn(b, h, l, dk, dtype=F64), torch.randn(b, h, l, dv, dtype=F64)
+    k = F.normalize(torch.randn(b, h, l, dk, dtype=F64), dim=-1)
+    beta, S0 = torch.rand(b, h, l, dtype=F64), torch.randn(b, h, dk, dv, dtype=F64)
+    g = -torch.rand(h, dtype=F64)[:, None] * F.softplus(torch.randn(b, h, l, dtype=F64))
+    form = mixers.DELTA_RULE_IMPLS[impl]
+    want, S = delta_rule_recurrence(q, k, v, beta, S0)
+    got, S_got = form(q * dk ** -0.5, k, v, beta, None, S0, chunk_size=4)
+    assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+    T = lambda x: x.transpose(1, 2)
+    want, S = naive_recurrent_gated_delta_rule(T(q), T(k), T(v), T(beta), T(g), S0)
+    got, S_got = form(q * dk ** -0.5, k, v, beta, g, S0, chunk_size=4)
+    assert torch.allclose(T(got), want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_delta_rule_layers_are_written_out(name):
+    """q, k, v projections, a short causal conv and SiLU each, L2-normalised q and k, β =
+    σ(x W_β), (Gated: log α = -exp(A_log)·softplus(x W_a + dt_bias)), the recurrence (the
+    transcriptions), RMSNorm per head (Gated: times SiLU(x W_g)), W_o. All perturbed."""
+    T, d, H = 9, 8, 2
+    m = make_mixer(name, d=d, T=T, num_heads=H, conv_size=3, chunk_size=4)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    x = torch.randn(2, T, d, dtype=F64)
+    qkv = torch.cat([x @ p.weight.T for p in (m.q_proj, m.k_proj, m.v_proj)], -1)
+    w = m.conv_weight
+    qkv = F.silu(torch.stack([sum(w[:, s] * qkv[:, t - s] for s in range(min(3, t + 1)))
+                              for t in range(T)], 1))
+    split = lambda t: t.unflatten(-1, (H, -1))                             # (B, T, H, dh)
+    q, k, v = (split(t) for t in qkv.chunk(3, -1))
+    q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(x @ m.b_proj.weight.T)                            # (B, T, H)
+    g = (torch.zeros_like(beta) if name == "deltanet" else
+         -m.A_log.exp() * F.softplus(x @ m.a_proj.weight.T + m.dt_bias))
+    o, _ = naive_recurrent_gated_delta_rule(q, k, v, beta, g)              # (B, T, H, dh)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
+    if name == "gated_deltanet":
+        o = o * F.silu(split(x @ m.g_proj.weight.T))
+    assert torch.allclose(m(x), o.flatten(-2) @ m.out_proj.weight.T, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------
