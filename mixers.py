@@ -2546,6 +2546,191 @@ class GatedDeltaNet(DeltaNet):
 
 
 # ----------------------------------------------------------------------------------------
+# RWKV-7 "Goose" (Peng et al., 2025): a delta rule with a diagonal decay and an in-context
+# learning rate
+#
+# S_t = (Diag(w_t) - κ̂_t (a_t ⊙ κ̂_t)ᵀ) S_{t-1} + k̃_t v_tᵀ,   o_t = S_tᵀ r_t
+# per head: S (dk, dv) (the paper's transposed), w_t = e^{log w_t} the decay per key channel,
+# κ̂ the L2-normalised removal key, a the in-context learning rate, k̃ the replacement key.
+# As a diagonal-plus-low-rank update: S_t = Diag(w_t) S_{t-1} + β_t (αᵀ_t S_{t-1}) + k̃_t v_tᵀ
+# with α = -κ̂, β = κ̂ ⊙ a (flash-linear-attention's dplr form). Both forms take
+# (r, k, v, log_w, alpha, beta, state=None, chunk_size): r, k, log_w, alpha, beta
+# (B, H, T, dk), v (B, H, T, dv), state S (B, H, dk, dv). Each returns (o, S after the last
+# position).
+
+
+def dplr_recurrent(r, k, v, log_w, alpha, beta, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, H, T, dk = r.shape
+    S = r.new_zeros(B, H, dk, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        recalled = torch.einsum("bhk,bhkv->bhv", alpha[:, :, t], S)          # αᵀ S_{t-1}
+        S = (log_w[:, :, t, :, None].exp() * S + beta[:, :, t, :, None] * recalled[:, :, None]
+             + k[:, :, t, :, None] * v[:, :, t, None, :])
+        out.append(torch.einsum("bhk,bhkv->bhv", r[:, :, t], S))
+    return torch.stack(out, 2), S                                            # (B, H, T, dv)
+
+
+def dplr_chunked(r, k, v, log_w, alpha, beta, state=None, chunk_size=16):
+    """The chunkwise form. In a chunk of C, with γ_i the running sum of log w from its start
+    (per key channel) and S_0 the state entering it, the recalled values z_j = α_jᵀ S_{j-1}
+    solve a unit lower-triangular system,
+        (I - A_αβ) Z = A_αk V + (α ⊙ e^{γ_{j-1}}) S_0,
+    A_αx[j, m] = Σ_c α_jc x_mc e^{γ_{j-1,c} - γ_mc} (m < j), so Z = Z_0 + W S_0; then
+        O = A_rβ Z + A_rk V + (r ⊙ e^γ) S_0,   A_rx[i, m] = Σ_c r_ic x_mc e^{γ_ic - γ_mc} (m <= i),
+        S_C = e^{γ_C} ⊙ S_0 + Σ_m e^{γ_C - γ_m} ⊙ (β_m z_mᵀ + k_m v_mᵀ).
+    The pairwise decays are (C, C, dk) tables (a per-channel decay has no rank-1 form that
+    is stable, as GLA's); every exponent is <= 0. Only the state runs chunk by chunk.
+    """
+    C = min(chunk_size, r.shape[2])
+    (r, T), (k, _), (v, _), (alpha, _), (beta, _) = (_pad_to_chunks(t, C, 2)
+                                                     for t in (r, k, v, alpha, beta))
+    log_w, _ = _pad_to_chunks(log_w, C, 2)                   # padding: decay 1, nothing written
+    B, H, Tp, dk = r.shape
+    n, dv = Tp // C, v.shape[-1]
+    r, k, alpha, beta, log_w = (t.view(B, H, n, C, dk) for t in (r, k, alpha, beta, log_w))
+    v = v.view(B, H, n, C, dv)
+    gamma = log_w.cumsum(3)                                                  # γ_i, inclusive
+    before = gamma - log_w                                                   # γ_{j-1}
+    strict = torch.ones(C, C, dtype=torch.bool, device=r.device).tril(-1)[..., None]
+    upto = torch.ones(C, C, dtype=torch.bool, device=r.device).tril()[..., None]
+
+    def pairs(x, gx, y, mask):        # A[i, m] = Σ_c x_ic y_mc e^{gx_ic - γ_mc} on the mask
+        decay = torch.where(mask, gx[..., :, None, :] - gamma[..., None, :, :], -math.inf).exp()
+        return torch.einsum("bhnic,bhnmc,bhnimc->bhnim", x, y, decay)
+
+    A_ab, A_ak = pairs(alpha, before, beta, strict), pairs(alpha, before, k, strict)
+    A_rb, A_rk = pairs(r, gamma, beta, upto), pairs(r, gamma, k, upto)
+    system = torch.eye(C, dtype=r.dtype, device=r.device) - A_ab
+    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
+                                                      unitriangular=True)
+    Z0, W = solve(A_ak @ v), solve(alpha * before.exp())                    # Z = Z0 + W S_0
+    O0, read = A_rb @ Z0 + A_rk @ v, r * gamma.exp() + A_rb @ W
+    fade = (gamma[..., -1:, :] - gamma).exp()                                # e^{γ_C - γ_m}
+    S = r.new_zeros(B, H, dk, dv) if state is None else state
+    out = []
+    for c in range(n):
+        out.append(O0[:, :, c] + read[:, :, c] @ S)
+        Z = Z0[:, :, c] + W[:, :, c] @ S
+        S = (gamma[:, :, c, -1, :, None].exp() * S
+             + (fade[:, :, c] * beta[:, :, c]).transpose(-1, -2) @ Z
+             + (fade[:, :, c] * k[:, :, c]).transpose(-1, -2) @ v[:, :, c])
+    return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
+
+
+DPLR_IMPLS = {"fast": dplr_chunked, "reference": dplr_recurrent}
+
+
+class LoRA(nn.Module):
+    """x -> (activation(x W_down)) W_up (+ bias): RWKV-7's low-rank maps."""
+
+    def __init__(self, d_in, d_out, rank, activation=None, bias=True):
+        super().__init__()
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.up = nn.Linear(rank, d_out, bias=bias)
+        self.activation = activation
+
+    def forward(self, x):
+        h = self.down(x)
+        return self.up(h if self.activation is None else self.activation(h))
+
+
+class RWKV7(Mixer):
+    """RWKV-7 time mixing (Peng et al., 2025), as flash-linear-attention's RWKV7Attention,
+    an educational core: no value residual (the first layer's v, mixed into the others' v,
+    which needs the model to pass it between layers), no fused kernels.
+
+    Token shift: x_* = x + (x_{t-1} - x) ⊙ μ_* for r, w, k, v, a, g. r, k, v projections;
+    log w = -e^{-1/2}·σ(LoRA_w(x_w)) (a decay per key channel, in (e^{-e^{-1/2}}, 1));
+    a = σ(LoRA_a(x_a)); κ̂ = L2norm(k ⊙ k_k) per head; k̃ = k ⊙ (1 + (a - 1) ⊙ k_a); the
+    recurrence above with α = -κ̂, β = κ̂ ⊙ a; GroupNorm per head; a bonus
+    (Σ_c r ⊙ k̃ ⊙ r_k) v per head; times g = LoRA_g(x_g) (a sigmoid inside); W_o.
+    LoRA ranks as fla's (32 at d <= 163). Initialised as fla's first layer (its values
+    depend on the layer's depth; ours are layer 0's): the mixes 1 - (n/d)^p (p = 0.2 for r
+    and g, 0.9 for w and a, 0.7 for k and v), k_k = 0.71 - 0.1·(n/(d-1) - 1/2), k_a =
+    1.02, r_k = -0.04, the decay's bias -6 + 6n/(d-1) + 1/2 + 2.5·zigzag (zigzag over each
+    head's channels, from -1 to 1, squared with its sign), a's bias -0.19 + 0.3·zigzag +
+    0.4·(n/(d-1) - 1/2), r, k (gain 0.1), v orthogonal; the output projection is left as
+    PyTorch draws it (fla zeroes it, which leaves every other parameter without a gradient
+    at the first step). `keeps_own_init`: a model's initialisation leaves it so.
+    State of `step`: S, H·dk·dv numbers, and the previous input, d.
+    To copy: this class, LoRA, dplr_chunked and dplr_recurrent (with _pad_to_chunks),
+    _at_least_float32 and Mixer.
+    """
+
+    keeps_own_init = True
+
+    def __init__(self, d_model, seq_len, num_heads=None, head_dim=64, impl="fast",
+                 chunk_size=16):
+        super().__init__()
+        head_dim = d_model // num_heads if num_heads is not None else min(head_dim, d_model)
+        check_divides("head_dim", head_dim, d_model)
+        check_positive("chunk_size", chunk_size)
+        check_choice("impl", impl, tuple(DPLR_IMPLS))
+        d, H = d_model, d_model // head_dim
+        self.num_heads, self.impl, self.chunk_size = H, impl, chunk_size
+        rank = lambda c: max(32, int(round(c * d ** 0.5 * head_dim / 64 / 32) * 32))
+        self.mix = nn.Parameter(torch.zeros(6, d))                # μ for r, w, k, v, a, g
+        self.k_k, self.k_a = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
+        self.r_k = nn.Parameter(torch.zeros(H, head_dim))
+        self.r_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nn.Linear(d, d, bias=False) for _ in range(4))
+        self.w_lora = LoRA(d, d, rank(2.5), torch.tanh)
+        self.a_lora = LoRA(d, d, rank(2.5))
+        self.g_lora = LoRA(d, d, max(32, int(round(5 * d ** 0.5 / 32) * 32)), torch.sigmoid,
+                           bias=False)
+        self.norm = nn.GroupNorm(H, d, eps=head_dim * 1e-5)
+        n = torch.arange(d, dtype=torch.float32)
+        linear = n / max(d - 1, 1) - 0.5
+        zigzag = ((n % head_dim) - (head_dim - 1) / 2) / max((head_dim - 1) / 2, 1)
+        zigzag = zigzag * zigzag.abs()
+        with torch.no_grad():
+            powers = torch.tensor([0.2, 0.9, 0.7, 0.7, 0.9, 0.2])[:, None]
+            self.mix.copy_(1 - (n / d) ** powers)
+            self.k_k.fill_(0.71).sub_(0.1 * linear)
+            self.k_a.fill_(1.02), self.r_k.fill_(-0.04)
+            self.w_lora.up.bias.copy_(-6 + 6 * (linear + 0.5) + 0.5 + 2.5 * zigzag)
+            self.a_lora.up.bias.copy_(-0.19 + 0.3 * zigzag + 0.4 * linear)
+        for proj, gain in ((self.r_proj, 1.0), (self.k_proj, 0.1), (self.v_proj, 1.0)):
+            nn.init.orthogonal_(proj.weight, gain=gain)
+
+    def _mix(self, x, x_prev, state, rule):
+        """x (B, T, d) after the previous inputs x_prev (B, T, d): (y, S after x)."""
+        B, T, d = x.shape
+        xr, xw, xk, xv, xa, xg = (x + (x_prev - x) * mu for mu in self.mix)
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
+        log_w = -math.exp(-0.5) * torch.sigmoid(self.w_lora(xw))
+        a = torch.sigmoid(self.a_lora(xa))
+        kk = F.normalize(heads(k * self.k_k), dim=-1)                        # κ̂
+        k = k * (1 + (a - 1) * self.k_a)                                     # k̃
+        r, k, log_w, a = (heads(t) for t in (r, k, log_w, a))
+        # under autocast too: the triangular solve has no bfloat16 kernel
+        r, k, v, log_w, kk, a = _at_least_float32(r, k, heads(v), log_w, kk, a)
+        o, S = rule(r, k, v, log_w, -kk, kk * a, state, chunk_size=self.chunk_size)
+        o = self.norm(o.transpose(1, 2).reshape(B * T, d)).view(B, T, d)
+        bonus = (r * k * self.r_k[:, None]).sum(-1, keepdim=True) * v        # (B, H, T, dv)
+        o = (o + bonus.transpose(1, 2).flatten(-2)) * self.g_lora(xg)
+        return self.out_proj(o), S
+
+    def forward(self, x):
+        x_prev = F.pad(x, (0, 0, 1, -1))                                     # token shift
+        return self._mix(x, x_prev, None, DPLR_IMPLS[self.impl])[0]
+
+    def step(self, x_t, state=None):
+        S, x_prev = (None, torch.zeros_like(x_t)) if state is None else state
+        y, S = self._mix(x_t[:, None], x_prev[:, None], S, dplr_recurrent)
+        return y[:, 0], (S, x_t)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        d = self.out_proj.in_features
+        return d * d // self.num_heads + d
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -2567,6 +2752,7 @@ MIXERS = {
     "mamba2": Mamba2,
     "deltanet": DeltaNet,
     "gated_deltanet": GatedDeltaNet,
+    "rwkv7": RWKV7,
 }
 # form="official": the official code's layer, where Figure 2 trained another than the paper's
 OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,

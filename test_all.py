@@ -497,6 +497,7 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("mamba2", dict(d_state=4, headdim=4, chunk_size=5)),
     ("deltanet", dict(num_heads=2, chunk_size=5)),
     ("gated_deltanet", dict(num_heads=2, chunk_size=5, conv_size=1)),
+    ("rwkv7", dict(num_heads=4, chunk_size=5)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -1254,6 +1255,14 @@ def recurrence(name, T, seed=0):
                                                       dtype=F64)[:, None]
         return mixers.DELTA_RULE_IMPLS, lambda f, t, **kw: f(
             q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], log_alpha[:, :, t], **kw)
+    if name == "dplr":
+        # RWKV-7's: α = -κ̂, β = κ̂ ⊙ a with κ̂ unit and a in (0, 1); log decays to -300
+        r_, k, v = r(2, 3, T, 4), r(2, 3, T, 4), r(2, 3, T, 3)
+        kk, a = F.normalize(r(2, 3, T, 4), dim=-1), torch.sigmoid(r(2, 3, T, 4))
+        log_w = -r(2, 3, T, 4).exp() * torch.tensor([0.01, 1.0, 30.0, 300.0], dtype=F64)
+        return mixers.DPLR_IMPLS, lambda f, t, **kw: f(
+            r_[:, :, t], k[:, :, t], v[:, :, t], log_w[:, :, t], -kk[:, :, t],
+            (kk * a)[:, :, t], **kw)
     x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
@@ -1269,7 +1278,7 @@ def comparable(state):
 
 
 @pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan", "gla",
-                                  "ssd", "delta_rule"])
+                                  "ssd", "delta_rule", "dplr"])
 def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_state(name):
     """Every other form (chunk sizes 1, 4 and 8 across T = 29, ragged last chunk; 64 > T)
     gives the reference's outputs and final state; every form, the reference too, run in
@@ -1677,6 +1686,78 @@ def test_delta_rule_layers_are_written_out(name):
     if name == "gated_deltanet":
         o = o * F.silu(split(x @ m.g_proj.weight.T))
     assert torch.allclose(m(x), o.flatten(-2) @ m.out_proj.weight.T, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.RWKV7
+
+def dplr_recurrence(q, k, v, alpha, beta, gk, initial_state=None):
+    """flash-linear-attention's dplr_recurrence (fla/ops/generalized_delta_rule/dplr/
+    naive.py, commit bc3b101), transcribed in float64: q, k, alpha, beta, gk (b, h, l, d_k),
+    v (b, h, l, d_v); q scaled by d_k^-1/2 inside."""
+    b, h, l, d_k = q.shape
+    d_v = v.shape[-1]
+    o = torch.zeros_like(v)
+    S = torch.zeros(b, h, d_k, d_v).to(v)
+    q = q * (d_k ** -0.5)
+    if initial_state is not None:
+        S += initial_state
+    for i in range(l):
+        _k = k[:, :, i]
+        _q = q[:, :, i]
+        _v = v[:, :, i]
+        _alpha = alpha[:, :, i].clone()
+        _beta = beta[:, :, i].clone()
+        _kv = _k[..., None] * _v[..., None, :] + (S.clone() * _alpha[..., None]).sum(
+            -2, keepdim=True) * _beta[..., None]
+        S = S.clone() * gk[:, :, i].exp()[..., None] + _kv
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", _q, S)
+    return o, S
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_dplr_forms_are_flash_linear_attentions_naive_recurrence(impl):
+    """Both forms, from a state, against dplr_recurrence with RWKV-7's α = -κ̂, β = κ̂ ⊙ a."""
+    b, h, l, dk, dv = 2, 3, 13, 4, 5
+    r, k = torch.randn(b, h, l, dk, dtype=F64), torch.randn(b, h, l, dk, dtype=F64)
+    v, S0 = torch.randn(b, h, l, dv, dtype=F64), torch.randn(b, h, dk, dv, dtype=F64)
+    kk = F.normalize(torch.randn(b, h, l, dk, dtype=F64), dim=-1)
+    a, log_w = torch.rand(b, h, l, dk, dtype=F64), -0.6 * torch.rand(b, h, l, dk, dtype=F64)
+    want, S = dplr_recurrence(r, k, v, -kk, kk * a, log_w, S0)
+    got, S_got = mixers.DPLR_IMPLS[impl](r * dk ** -0.5, k, v, log_w, -kk, kk * a, S0,
+                                         chunk_size=4)
+    assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+
+
+def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
+    """Token shift and six mixes; r, k, v; log w = -e^{-1/2} σ(LoRA_w); a = σ(LoRA_a);
+    κ̂ = L2norm(k ⊙ k_k); k̃ = k ⊙ (1 + (a - 1) k_a); the recurrence (the transcription,
+    scale 1); GroupNorm per head; + (Σ r ⊙ k̃ ⊙ r_k) v; ⊙ g; W_o. All perturbed."""
+    T, d, H = 7, 8, 2
+    m = make_mixer("rwkv7", d=d, T=T, num_heads=H, chunk_size=3)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    x = torch.randn(2, T, d, dtype=F64)
+    shifted = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
+    xr, xw, xk, xv, xa, xg = (x + (shifted - x) * m.mix[i] for i in range(6))
+    lora = lambda l, z, act: act(z @ l.down.weight.T) @ l.up.weight.T + (
+        l.up.bias if l.up.bias is not None else 0)
+    r, k, v = xr @ m.r_proj.weight.T, xk @ m.k_proj.weight.T, xv @ m.v_proj.weight.T
+    log_w = -math.exp(-0.5) * torch.sigmoid(lora(m.w_lora, xw, torch.tanh))
+    a = torch.sigmoid(lora(m.a_lora, xa, lambda z: z))
+    g = lora(m.g_lora, xg, torch.sigmoid)
+    heads = lambda t: t.unflatten(-1, (H, -1)).transpose(1, 2)             # (B, H, T, dh)
+    kk = heads(k * m.k_k)
+    kk = kk / kk.norm(dim=-1, keepdim=True)
+    k = k * (1 + (a - 1) * m.k_a)
+    o, _ = dplr_recurrence(heads(r) * 2, heads(k), heads(v), -kk, kk * heads(a), heads(log_w))
+    o = o.transpose(1, 2).reshape(2, T, d)                                   # (dh = 4: × 2 undoes the scale)
+    o = torch.nn.functional.group_norm(o.reshape(2 * T, d), H, m.norm.weight, m.norm.bias,
+                                       4e-5).view(2, T, d)
+    bonus = (heads(r) * heads(k) * m.r_k[:, None]).sum(-1, keepdim=True) * heads(v)
+    y = (o + bonus.transpose(1, 2).flatten(-2)) * g
+    assert torch.allclose(m(x), y @ m.out_proj.weight.T, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------
