@@ -28,6 +28,13 @@ and the recurrences, linear attention and hybrids the paper studies or names:
   input_dependent_conv  BaseConv with filters chosen from the input (Thm 4.5, Figure 2's
                      lower rows): shifts at the distances where a token repeats, or at the
                      top autocorrelation lags.
+and the recall mixers since, each with a recurrent reference and a chunked fast form:
+  gla                gated linear attention (Yang et al., 2024): a decay per key channel.
+  mamba2             Mamba-2's SSD (Dao & Gu, 2024): a scalar decay per head.
+  deltanet           the delta rule (Schlag et al., 2021; Yang et al., 2024): each step
+                     corrects what the state recalls for its key.
+  gated_deltanet     the delta rule with Mamba-2's decay (Yang et al., 2025).
+  rwkv7              RWKV-7 (Peng et al., 2025): a diagonal decay plus a low-rank removal.
 
 Two forms, where the paper and the code behind its figures differ. Where the paper's text
 (or the mixer's own paper) defines the operator, that form is the class in MIXERS, and it
@@ -49,16 +56,23 @@ official forms alike):
   state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0);
                       equal to the real size of what `step` returns (the paper's "recall vs
                       memory" axis).
-States are as small as each mixer allows: a window of W tokens keeps the W-1 before the
-next token, a filter of K taps the last K-1 inputs, an SSM its d_state numbers per
-channel. A complex SSM state is stored as pairs of reals (torch.view_as_real), so the count
-is in real numbers.
+One rule for every mixer: state_size counts everything `step` carries to the next token,
+the recurrent matrix and the buffers of its short convolutions and token shifts alike
+(test_all checks it against the real state of every mixer). States are as small as each
+mixer allows: a window of W tokens keeps the W-1 before the next token, a filter of K taps
+the last K-1 inputs, an SSM its d_state numbers per channel. A complex SSM state is stored
+as pairs of reals (torch.view_as_real), so the count is in real numbers. The official code
+counts otherwise from mixer to mixer (zoology/mixers at commit d88d6f5): its GLA adds its
+short convolutions' state, its DeltaNet and Gated DeltaNet leave theirs out, its Mamba-2
+counts 2·d_model·d_state (the recurrent state at expand 2, no convolution); so its points
+on Figure 2's state axis are not all measured alike.
 
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
 an nn.Module only holds parameters and calls them. A computation with several forms keeps
 them in one dict (ATTENTION_IMPLS, SLIDING_WINDOW_IMPLS, BLOCKED_ATTENTION_IMPLS,
-CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS, SCAN_IMPLS): the forms of one
+CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS, SCAN_IMPLS, GLA_IMPLS, SSD_IMPLS,
+DELTA_RULE_IMPLS, DPLR_IMPLS): the forms of one
 computation take the same arguments, a module's `impl` option names one, and the tests
 assert they agree. Forms of a
 recurrence take the state before their first position (state=None: the start) and return
