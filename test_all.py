@@ -674,6 +674,20 @@ def test_initial_values_are_the_ones_the_papers_fix():
     assert torch.equal(retnet.gamma, 1 - 2.0 ** -torch.arange(5, 9.0))
     sel = mixers.SelectiveAttention(16, 32)                     # every row on: σ(2) ≈ 0.88
     assert torch.equal(sel.gate, torch.zeros(16)) and sel.gate_bias.item() == 2.0
+    m2 = mixers.Mamba2(64, 32, headdim=16)                      # Mamba2Simple: a ~ -U(1, 16)
+    a = m2.A_log.exp()
+    assert m2.A_log.shape == (8,) and 1 <= a.min() and a.max() <= 16 and a.std() > 1
+    assert torch.equal(m2.skip, torch.ones(8)) and 1e-3 <= F.softplus(m2.dt_bias).min()
+    assert F.softplus(m2.dt_bias).max() <= 0.1
+    gdn = mixers.GatedDeltaNet(16, 32, num_heads=4)             # Mamba-2's gate: A ~ U(0, 16)
+    assert gdn.A_log.exp().max() <= 16 and 1e-3 <= F.softplus(gdn.dt_bias).min()
+    r7 = mixers.RWKV7(8, 32, num_heads=2)                       # fla's first layer
+    n = torch.arange(8.0)
+    assert torch.allclose(r7.mix[0], 1 - (n / 8) ** 0.2) and torch.allclose(r7.mix[1], 1 - (n / 8) ** 0.9)
+    assert torch.allclose(r7.k_k, 0.71 - 0.1 * (n / 7 - 0.5)) and torch.all(r7.k_a == 1.02)
+    zigzag = torch.tensor([-1.0, -1 / 9, 1 / 9, 1.0]).repeat(2)    # ((n mod 4) - 1.5) / 1.5, signed square
+    assert torch.allclose(r7.w_lora.up.bias, -6 + 6 * n / 7 + 0.5 + 2.5 * zigzag)
+    assert torch.allclose(r7.k_proj.weight @ r7.k_proj.weight.T, 0.01 * torch.eye(8), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------
