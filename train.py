@@ -1106,7 +1106,10 @@ EVERY_MIXER_MODELS = {
                                                        position_embedding="learned"),
     "the Based stack": "base_conv:kernel_size=3,based",
     "BaseConv + programmatic selective attention":
-        "base_conv,selective_attention:selection=programmatic"}
+        "base_conv,selective_attention:selection=programmatic",
+    # the recall mixers since the paper (issue 25)
+    "GLA": "gla", "Mamba-2": "mamba2", "DeltaNet": "deltanet", "Gated DeltaNet": "gated_deltanet",
+    "RWKV-7": "rwkv7"}
 # Figure 2 at N = 64 on the paper's own budget, on two CPU cores: --preset=figure2 (the
 # official forms and recipe, c = 8192, 64 epochs of 100,000 examples, batch 512), BaseConv's
 # official short-then-long stack at d = 64 and 128 and attention at d = 64 as the anchor.
