@@ -28,15 +28,27 @@ and the recurrences, linear attention and hybrids the paper studies or names:
   input_dependent_conv  BaseConv with filters chosen from the input (Thm 4.5, Figure 2's
                      lower rows): shifts at the distances where a token repeats, or at the
                      top autocorrelation lags.
+and the recall mixers since, each with a recurrent reference and a chunked fast form:
+  gla                gated linear attention (Yang et al., 2024): a decay per key channel.
+  mamba2             Mamba-2's SSD (Dao & Gu, 2024): a scalar decay per head.
+  deltanet           the delta rule (Schlag et al., 2021; Yang et al., 2024): each step
+                     corrects what the state recalls for its key.
+  gated_deltanet     the delta rule with Mamba-2's decay (Yang et al., 2025).
+  rwkv7              RWKV-7 (Peng et al., 2025): a diagonal decay plus a low-rank removal.
 
 Two forms, where the paper and the code behind its figures differ. Where the paper's text
-(or the mixer's own paper) defines the operator, that form is the default, form="paper".
-Where the official code (HazyResearch/zoology, read at commit d88d6f5) trained something
-else for a figure, form="official" computes that, and its docstring names the file and each
-difference; test_all.py checks every official form against a literal transcription of the
-official forward. train.py's `--preset=figure2` assembles the forms Figure 2 used.
+(or the mixer's own paper) defines the operator, that form is the class in MIXERS, and it
+reads straight through. Where the official code (HazyResearch/zoology, read at commit
+d88d6f5) trained something else for a figure, a class of its own beside it computes that
+(OFFICIAL_FORMS: OfficialBaseConv, OfficialHyena, OfficialH3, OfficialRWKV,
+OfficialSelectiveAttention), and its docstring names the file and each difference;
+test_all.py checks every official form against a literal transcription of the official
+forward. build_mixer(name, d_model, seq_len, form="official") builds one, as the mixer
+option form=official does in train.py; `--preset=figure2` assembles the forms Figure 2
+used. Under each paper form's heading, one line says what to copy to use it elsewhere.
 
-The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`):
+The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, and the
+official forms alike):
   forward(x)          x (B, T, d) -> y (B, T, d), causal: y[:, t] depends on x[:, :t+1] only.
   step(x_t, state)    x_t (B, d); state=None starts a sequence; returns (y_t, new_state)
                       with y_t == forward(x)[:, t]. The state is a tuple of tensors whose
@@ -44,16 +56,23 @@ The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`):
   state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0);
                       equal to the real size of what `step` returns (the paper's "recall vs
                       memory" axis).
-States are as small as each mixer allows: a window of W tokens keeps the W-1 before the
-next token, a filter of K taps the last K-1 inputs, an SSM its d_state numbers per
-channel. A complex SSM state is stored as pairs of reals (torch.view_as_real), so the count
-is in real numbers.
+One rule for every mixer: state_size counts everything `step` carries to the next token,
+the recurrent matrix and the buffers of its short convolutions and token shifts alike
+(test_all checks it against the real state of every mixer). States are as small as each
+mixer allows: a window of W tokens keeps the W-1 before the next token, a filter of K taps
+the last K-1 inputs, an SSM its d_state numbers per channel. A complex SSM state is stored
+as pairs of reals (torch.view_as_real), so the count is in real numbers. The official code
+counts otherwise from mixer to mixer (zoology/mixers at commit d88d6f5): its GLA adds its
+short convolutions' state, its DeltaNet and Gated DeltaNet leave theirs out, its Mamba-2
+counts 2·d_model·d_state (the recurrent state at expand 2, no convolution); so its points
+on Figure 2's state axis are not all measured alike.
 
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
 an nn.Module only holds parameters and calls them. A computation with several forms keeps
 them in one dict (ATTENTION_IMPLS, SLIDING_WINDOW_IMPLS, BLOCKED_ATTENTION_IMPLS,
-CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS, SCAN_IMPLS): the forms of one
+CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS, SCAN_IMPLS, GLA_IMPLS, SSD_IMPLS,
+DELTA_RULE_IMPLS, DPLR_IMPLS): the forms of one
 computation take the same arguments, a module's `impl` option names one, and the tests
 assert they agree. Forms of a
 recurrence take the state before their first position (state=None: the start) and return
@@ -62,10 +81,11 @@ recurrence take the state before their first position (state=None: the start) an
 reference form of RetNet, Based and Mamba, RWKV's wkv_step (the one step its reference
 loops over), causal_conv with its state in the convolutions.
 
-Glossary (code name -> paper symbol; the paper's N, d and D as mqar.py and train.py use
-them, except that a sequence's length is T here, since N is the SSMs' state size;
-theory.py's Thm 4.2 section and the mixer tests say in their glossaries why they differ):
-  B batch, T sequence length (the paper's N), d model width (d), H heads,
+Glossary (code name -> paper symbol). One meaning per letter in the whole project: N the
+sequence length, D the number of key-value pairs, d the model width. Inside a layer the
+sequence length is T (time; T = N). What the SSM papers call N and D is d_state and skip
+here.
+  B batch, T sequence length, d model width, H heads,
   hs = d // H head size (d_h), c vocabulary size, W sliding window, b block size,
   K filter length (taps), h filter (d, K) with h[:, s] the weight of lag s,
   L Hyena order (Algorithm 3's L: number of gated convolutions), p^ℓ, v, z^ℓ Hyena's
@@ -73,10 +93,9 @@ theory.py's Thm 4.2 section and the mixer tests say in their glossaries why they
   channel (the SSM functions call their channels d too: H·head_dim² of them in H3).
   w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ_h = 1 - 2^(-5-h);
   d' (feature_dim) Based's feature dimension, F = 1 + d' + d'(d'+1)/2 the size of its
-  compact φ(x); d_inner Mamba's inner width; D Mamba's and H3's skip vector (the name in
-  their papers and parameters; the number of key-value pairs, the paper's D, never occurs
-  here); f selective attention's row selection, k (top_k) its budget; C the chunk size of a
-  chunked form.
+  compact φ(x); d_inner Mamba's inner width; skip Mamba's and H3's skip vector (their
+  papers' D); f selective attention's row selection, k (top_k) its budget; C the chunk
+  size of a chunked form, n the number of chunks.
 """
 import argparse
 import math
@@ -191,26 +210,33 @@ def sliding_window_reference(q, k, v, window, dropout=0.0):
 
 def sliding_window_fast(q, k, v, window, dropout=0.0):
     """Each block of W queries attends to its own block and the one before (2W keys),
-    masked to i-W < j <= i: B·H·T·2W scores, time and memory linear in T.
+    masked to i-W < j <= i: B·H·T·2W scores, time and memory linear in T. Block 0 has no
+    block before it: it is causal attention on its own W tokens.
 
-    T is padded to a multiple of W (the padded queries are dropped; real queries never
-    see padded keys) and the keys by W in front (block 0's "block before", masked off).
+    The key blocks are windows of k and v (unfold, a view: no copy), and T is padded to a
+    multiple of W only when it is not one (the padded queries are dropped; real queries
+    never see padded keys), so that beyond the scores the layer pays for one copy of the
+    output (the concatenation of block 0 and the rest).
     """
     B, H, T, hs = q.shape
     W = window
     if W >= T:                                  # one window holds the whole sequence
         return attention_fast(q, k, v, dropout)
-    n = -(-T // W)                                                           # blocks
-    # query r and key s of block c are the tokens i = cW + r and j = cW - W + s
+    if T % W:
+        q, k, v = (F.pad(t, (0, 0, 0, -T % W)) for t in (q, k, v))
+    n = q.shape[2] // W                                                      # blocks
+    first = F.scaled_dot_product_attention(q[:, :, :W], k[:, :, :W], v[:, :, :W],
+                                           is_causal=True, dropout_p=dropout)
+    # query r of block c >= 1 is token i = cW + r, key s of its window is j = (c-1)W + s
     r, s = torch.arange(W, device=q.device)[:, None], torch.arange(2 * W, device=q.device)
-    mask = ((s > r) & (s <= r + W)).repeat(1, n, 1, 1)                      # i-W < j <= i
-    mask[:, 0, :, :W] = False                                  # block 0 has none before it
-    # mask (1, n, W, 2W): the fused CPU kernel takes 4-d masks only (else the unfused path)
-    q = F.pad(q, (0, 0, 0, n * W - T)).reshape(B * H, n, W, hs)
-    k, v = (F.pad(t, (0, 0, W, n * W - T)).reshape(B * H, (n + 1) * W, hs) for t in (k, v))
-    k, v = (t.unfold(1, 2 * W, W).transpose(2, 3) for t in (k, v))   # (B·H, n, 2W, hs), a view
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    return y.reshape(B, H, n * W, hs)[:, :, :T]                             # (B, H, T, hs)
+    mask = ((s > r) & (s <= r + W))[None, None]          # (1, 1, W, 2W): i-W < j <= i
+    q = q[:, :, W:].reshape(B * H, n - 1, W, hs)
+    k, v = (t.reshape(B * H, n * W, hs).unfold(1, 2 * W, W).transpose(2, 3)
+            for t in (k, v))                                  # (B·H, n-1, 2W, hs), views
+    # a 4-d mask (the fused CPU kernel takes no other), broadcast over the blocks
+    rest = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    y = torch.cat([first, rest.reshape(B, H, (n - 1) * W, hs)], dim=2)
+    return y[:, :, :T]                                                       # (B, H, T, hs)
 
 
 def blocked_attention_reference(q, k, v, block_size, dropout=0.0):
@@ -221,12 +247,15 @@ def blocked_attention_reference(q, k, v, block_size, dropout=0.0):
 
 def blocked_attention_fast(q, k, v, block_size, dropout=0.0):
     """Causal attention within reshaped blocks (B·H, T/b, b, hs): B·H·T·b scores, time and
-    memory linear in T. T is padded to a multiple of b; the padded queries are dropped."""
+    memory linear in T. T is padded to a multiple of b only when it is not one (the padded
+    queries are dropped)."""
     B, H, T, hs = q.shape
     b = block_size
     if b >= T:                                  # one block holds the whole sequence
         return attention_fast(q, k, v, dropout)
-    q, k, v = (F.pad(t, (0, 0, 0, -T % b)).reshape(B * H, -1, b, hs) for t in (q, k, v))
+    if T % b:
+        q, k, v = (F.pad(t, (0, 0, 0, -T % b)) for t in (q, k, v))
+    q, k, v = (t.reshape(B * H, -1, b, hs) for t in (q, k, v))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
     return y.reshape(B, H, -1, hs)[:, :, :T]                                # (B, H, T, hs)
 
@@ -238,26 +267,57 @@ BLOCKED_ATTENTION_IMPLS = {"fast": blocked_attention_fast,
                            "reference": blocked_attention_reference}
 
 
+def rotary(x, positions, base=10000.0):
+    """Rotary position embedding (Su et al., 2021) of x (..., T, hs) at `positions` (T,):
+    channel i of the first half and i of the second, a pair, turned by the angle
+    p·base^(-2i/hs) at position p (the Llama / GPT-NeoX layout), so that q·k after it depends
+    on the positions only through their difference."""
+    hs = x.shape[-1]
+    freqs = base ** (-2 * torch.arange(hs // 2, dtype=torch.float64, device=x.device) / hs)
+    angles = positions.to(torch.float64)[:, None] * freqs                   # (T, hs/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    a, b = x[..., :hs // 2], x[..., hs // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
 class Attention(Mixer):
     """Multi-head causal self-attention with an output projection.
 
     dropout: the probability of dropping an attention weight in training; the official
     Figure 2 configs use 0.1 (and 1 head), the default is 0. In eval mode no weight is
     dropped, so there `forward` and `step` compute one function.
-    The state of `step` is the KV cache: 2·t·d numbers after t tokens.
+    rotary: turn q and k by their positions (rotary: the Llama recipe's positions, which
+    the paper's language-model attention used), instead of leaving positions to the model's
+    learned embedding (the Figure 2 configs). Full attention only.
+    short_conv=K: first x = x + ShortConv_K(x), a depthwise causal convolution of K taps
+    (the locality prior that every gated convolution of the paper has and attention lacks;
+    the control of the language-model experiment). Full attention only.
+    The state of `step` is the KV cache: 2·t·d numbers after t tokens (and with short_conv
+    the last K - 1 inputs).
     Subclasses narrow what a token sees by overriding `impls`, `form_args` and `cache_len`.
+    To copy: this class, attention_fast, attention_reference, causal_mask, rotary,
+    ShortConv (for the short convolution option) and Mixer.
     """
 
     uses_positions = True               # a set of keys under a mask: no order of its own
     impls = ATTENTION_IMPLS             # the forms of this class's computation, by `impl`
 
-    def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True):
+    def __init__(self, d_model, seq_len, num_heads=1, dropout=0.0, impl="fast", bias=True,
+                 rotary=False, short_conv=0):
         super().__init__()
         check_divides("num_heads", num_heads, d_model)
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout={dropout!r} is not allowed: dropout must be in [0, 1)")
         check_choice("impl", impl, tuple(self.impls))
-        self.num_heads, self.dropout, self.impl = num_heads, dropout, impl
+        if rotary and (d_model // num_heads) % 2:
+            raise ValueError(f"rotary={rotary!r} is not allowed with a head size of "
+                             f"{d_model // num_heads}: rotary turns pairs of channels, so the "
+                             "head size d_model / num_heads must be even")
+        self.num_heads, self.dropout, self.impl, self.rotary = num_heads, dropout, impl, rotary
+        if isinstance(short_conv, bool) or not isinstance(short_conv, int) or short_conv < 0:
+            raise ValueError(f"short_conv={short_conv!r} is not allowed: it must be 0 (none) "
+                             "or the number of taps, an integer >= 1")
+        self.conv = ShortConv(d_model, seq_len, short_conv, impl) if short_conv else None
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
@@ -279,14 +339,25 @@ class Attention(Mixer):
 
     def forward(self, x):
         B, T, d = x.shape
+        if self.conv is not None:
+            x = x + self.conv(x)
         q, k, v = self._heads(x)
+        if self.rotary:
+            positions = torch.arange(T, device=x.device)
+            q, k = rotary(q, positions), rotary(k, positions)
         dropout = self.dropout if self.training else 0.0
         y = self.attend(q, k, v, dropout)                                    # (B, H, T, hs)
         return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
 
     def step(self, x_t, state=None):
         B, d = x_t.shape
+        if self.conv is not None:
+            c, (past,) = self.conv.step(x_t, None if state is None else state[2:])
+            x_t = x_t + c
         q, k, v = self._heads(x_t[:, None])                                  # (B, H, 1, hs)
+        if self.rotary:                          # this token's position: the keys cached
+            t = torch.tensor([0 if state is None else state[0].shape[2]], device=x_t.device)
+            q, k = rotary(q, t), rotary(k, t)
         if state is not None:
             k = torch.cat([state[0], k], dim=2)                              # (B, H, n, hs)
             v = torch.cat([state[1], v], dim=2)
@@ -295,10 +366,12 @@ class Attention(Mixer):
         y = torch.einsum("bhj,bhjd->bhd", w.softmax(dim=-1), v)             # (B, H, hs)
         n = k.shape[2]
         keep = n - self.cache_len(n)
-        return self.out_proj(y.reshape(B, d)), (k[:, :, keep:], v[:, :, keep:])
+        state = (k[:, :, keep:], v[:, :, keep:])
+        return self.out_proj(y.reshape(B, d)), state + ((past,) if self.conv else ())
 
     def state_size(self, t):
-        return 2 * self.cache_len(t) * self.out_proj.in_features
+        conv = self.conv.state_size(t) if self.conv is not None else 0
+        return 2 * self.cache_len(t) * self.out_proj.in_features + conv
 
 
 class SlidingWindowAttention(Attention):
@@ -309,6 +382,8 @@ class SlidingWindowAttention(Attention):
     W >= T is exactly causal attention (the fast form then calls attention_fast).
     `step` keeps the W-1 most recent keys and values, all a later token can see:
     state 2·min(t, W-1)·d numbers, constant in t once t >= W-1.
+    To copy: this class, Attention, sliding_window_fast,
+    sliding_window_reference and sliding_window_mask.
     """
 
     impls = SLIDING_WINDOW_IMPLS
@@ -329,6 +404,8 @@ class BlockedAttention(Attention):
     `step` keeps the keys and values of the current block only: after t tokens that is
     t mod b of them (state 2·(t mod b)·d numbers; empty right after a block fills up,
     since the next token opens a new block).
+    To copy: this class, Attention, blocked_attention_fast,
+    blocked_attention_reference and block_mask.
     """
 
     impls = BLOCKED_ATTENTION_IMPLS
@@ -354,9 +431,8 @@ def causal_conv_direct(u, h):
 
     u: (B, T, d), h: (d, K) with any K (taps past T never reach an output).
     Costs O(B·T·d·K) time and O(B·T·d) memory: it never materializes a (T, T) matrix.
-    The reference form for every K, and the fast form for short filters: at (B, T, d) from
-    (64, 64, 64) to (2, 4096, 128) it measured faster than the FFT for every K <= 16, and
-    than a depthwise conv1d (plus the copy its transposed layout needs) for K <= 8.
+    The reference form for every K, and the fast form for K <= SHORT_FILTER (the README's
+    benchmark section says why).
     """
     B, T, d = u.shape
     # row s of `taps` is every channel's lag-s weight; a contiguous row rather than the
@@ -466,44 +542,47 @@ class ExplicitFilter(nn.Module):
 class ImplicitFilter(nn.Module):
     """h[c, n] = MLP(z_n)[c] · exp(-α_c t_n): Hyena's implicit filter (Poli et al. 2023, §3.3).
 
-    An MLP with sine activations maps the positional features z_n (positional_features) to
-    one value per channel, and an exponential decay window (exponential_decay) fades it.
-    Parameters do not grow with the length.
-    form="paper" (default): the features at frequencies 1..4, hidden width 32, one inner
-      layer, sin(x).
-    form="official": Zoology's hyena.Filter as Figure 2's Hyena ran it (emb_dim=3,
-      order=64, num_inner_mlps=2, w=1): the official features (OFFICIAL_FREQUENCIES), which
-      are a parameter there, hidden width 64, two inner layers, and sin(a ⊙ x) with one
-      learned frequency vector a (starting at 1) shared by its three activations.
+    An MLP with sine activations maps the positional features z_n (positional_features, at
+    frequencies 1..4) to one value per channel: hidden width 32, one inner layer, sin(x);
+    an exponential decay window (exponential_decay) fades it. Parameters do not grow with
+    the length. The official code's filter is OfficialImplicitFilter.
     `keeps_own_init`: a model's default initialisation leaves the MLP as PyTorch draws it,
     so that the filter starts non-trivial (the official init re-draws it at N(0, 0.02)).
     """
 
     keeps_own_init = True
 
-    def __init__(self, channels, length, form="paper"):
+    def __init__(self, channels, length, hidden=32, inner=1, frequencies=(1.0, 2.0, 3.0, 4.0)):
         super().__init__()
-        check_choice("form", form, ("paper", "official"))
-        official = form == "official"
-        frequencies = OFFICIAL_FREQUENCIES if official else (1.0, 2.0, 3.0, 4.0)
-        hidden, inner = (64, 2) if official else (32, 1)
-        z = positional_features(length, frequencies)                         # (K, 1+2F)
-        if official:
-            self.z = nn.Parameter(z)
-            self.frequency = nn.Parameter(torch.ones(hidden))
-        else:
-            self.register_buffer("z", z)
-            self.frequency = 1.0
-        self.layers = nn.ModuleList([nn.Linear(z.shape[1], hidden)] +
+        self.register_buffer("z", positional_features(length, frequencies))  # (K, 1+2F)
+        self.layers = nn.ModuleList([nn.Linear(self.z.shape[1], hidden)] +
                                     [nn.Linear(hidden, hidden) for _ in range(inner)])
         self.out = nn.Linear(hidden, channels, bias=False)
         self.register_buffer("decay", exponential_decay(length, channels))  # (channels, K)
 
+    def activation(self, a):
+        return torch.sin(a)
+
     def forward(self):
         a = self.z
         for layer in self.layers:
-            a = torch.sin(self.frequency * layer(a))                         # (K, hidden)
+            a = self.activation(layer(a))                                   # (K, hidden)
         return self.out(a).T * self.decay                                    # (channels, K)
+
+
+class OfficialImplicitFilter(ImplicitFilter):
+    """Zoology's hyena.Filter as Figure 2's Hyena ran it (emb_dim=3, order=64,
+    num_inner_mlps=2, w=1): the official features (OFFICIAL_FREQUENCIES), which are a
+    parameter there, hidden width 64, two inner layers, and sin(a ⊙ x) with one learned
+    frequency vector a (starting at 1) shared by its three activations."""
+
+    def __init__(self, channels, length):
+        super().__init__(channels, length, hidden=64, inner=2, frequencies=OFFICIAL_FREQUENCIES)
+        self.z = nn.Parameter(self.z)            # learned there; a buffer no more
+        self.frequency = nn.Parameter(torch.ones(64))
+
+    def activation(self, a):
+        return torch.sin(self.frequency * a)
 
 
 class MLPFilter(nn.Module):
@@ -537,12 +616,10 @@ class Convolution(Mixer):
     `step` keeps the last K-1 inputs: state min(t, K-1)·d numbers after t tokens.
     """
 
-    def __init__(self, d_model, kernel_size, filter, impl):
+    def __init__(self, filter, kernel_size, impl):
         super().__init__()
-        check_choice("filter", filter, tuple(FILTERS))
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        self.impl, self.kernel_size = impl, kernel_size
-        self.filter = FILTERS[filter](d_model, kernel_size)
+        self.impl, self.kernel_size, self.filter = impl, kernel_size, filter
 
     def forward(self, x):
         return causal_conv(x, self.filter(), self.impl)[0]                   # (B, T, d)
@@ -560,11 +637,13 @@ class ShortConv(Convolution):
     """Depthwise causal convolution with a short explicit filter, K = 3 by default.
 
     The official ShortConvolution (an nn.Conv1d) also adds a per-channel bias; we do not.
+    To copy: this class, Convolution, ExplicitFilter, causal_conv (with the forms in
+    CONV_IMPLS) and Mixer.
     """
 
     def __init__(self, d_model, seq_len, kernel_size=3, impl="fast"):
         check_positive("kernel_size", kernel_size)
-        super().__init__(d_model, kernel_size, "explicit", impl)
+        super().__init__(ExplicitFilter(d_model, kernel_size), kernel_size, impl)
 
 
 class LongConv(Convolution):
@@ -576,11 +655,14 @@ class LongConv(Convolution):
     seq_len are convolved with the filter as it is (zero past seq_len taps).
     `step` keeps the input history, state min(t, seq_len-1)·d = t·d for t < seq_len: a
     generic long filter has no smaller state.
+    To copy: this class, Convolution, the filter it names in FILTERS, causal_conv (with
+    the forms in CONV_IMPLS) and Mixer.
     """
 
     def __init__(self, d_model, seq_len, filter="explicit", impl="fast"):
         check_positive("seq_len", seq_len)
-        super().__init__(d_model, seq_len, filter, impl)
+        check_choice("filter", filter, tuple(FILTERS))
+        super().__init__(FILTERS[filter](d_model, seq_len), seq_len, impl)
 
 
 # ----------------------------------------------------------------------------------------
@@ -608,80 +690,100 @@ def conv1d_init_(*tensors, fan_in):
 
 
 class BaseConv(Mixer):
-    """BaseConv, in the paper's form (default) or the official code's (Figure 2's).
+    """BaseConv as the paper defines it (Section 4): y = (u·W + b1) ⊙ (h ∗ u + b2).
 
-    form="paper": y = (u·W + b1) ⊙ (h ∗ u + b2) (Section 4), with position-dependent biases
-      b1, b2 (T, d) and no residual: the layer appendix H composes. Its biases need the
-      position of each token, so `step` carries it (one number) and inputs are limited to
-      seq_len. The filter is explicit, h (d, K), as in the definition.
-    form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure 2's
-      BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u. For a short filter
-      (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a per-channel bias, both
-      drawn as PyTorch draws a Conv1d. For a long one conv(u) = h ∗ u + u (its fft_conv adds
-      u), with h the ReLU MLP of ImplicitLongConvolution (MLPFilter), no decay window.
+    Position-dependent biases b1, b2 (T, d) and no residual: the layer appendix H composes.
+    Its biases need the position of each token, so `step` carries it (one number) and
+    inputs are limited to seq_len. The filter is explicit, h (d, K), as in the definition.
     kernel_size: None (or seq_len) for a filter as long as the sequence, 3 for a short one.
-      Figure 2 stacks a short and a long layer (configs.py: kernel_size [3, -1, 3, -1]).
-    filter: None picks the form's filter ("explicit" in the paper form and for a short
-      official filter, "mlp" for a long official one); any key of FILTERS may be given.
-    `step` keeps the last K-1 inputs: min(t, K-1)·d numbers (+1 for the position, paper form).
+    `step` keeps the last K-1 inputs and the position: min(t, K-1)·d + 1 numbers.
+    To copy: this class, base_conv, ExplicitFilter, causal_conv (with the forms in
+    CONV_IMPLS) and Mixer. The layer Figure 2 trained is OfficialBaseConv (form="official").
     """
 
-    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, form="paper",
-                 impl="fast"):
+    def __init__(self, d_model, seq_len, kernel_size=None, impl="fast"):
         super().__init__()
         check_positive("seq_len", seq_len)
         if kernel_size is not None:
             check_positive("kernel_size", kernel_size,
                            "an integer >= 1, or None for a filter of seq_len taps")
-        kernel_size = seq_len if kernel_size is None else kernel_size
-        check_choice("form", form, ("paper", "official"))
-        self.long = kernel_size >= seq_len
-        if filter is None:
-            filter = "mlp" if form == "official" and self.long else "explicit"
-        check_choice("filter", filter, tuple(FILTERS))
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        self.seq_len, self.kernel_size, self.form, self.impl = seq_len, kernel_size, form, impl
-        self.proj = nn.Linear(d_model, d_model, bias=form == "official")
-        self.filter = FILTERS[filter](d_model, kernel_size)
-        if form == "paper":
-            self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
-            self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
-        elif not self.long:                   # an nn.Conv1d: its bias, and its taps if explicit
-            self.conv_bias = nn.Parameter(torch.empty(d_model))
-            conv1d_init_(self.conv_bias, *([self.filter.h] if filter == "explicit" else []),
-                         fan_in=kernel_size)
-
-    def _check_length(self, T):
-        if self.form == "paper" and T > self.seq_len:
-            raise ValueError(f"sequence length T={T} is not allowed: form='paper' has one "
-                             f"bias row per position, so T must be <= seq_len={self.seq_len}")
+        self.seq_len, self.impl = seq_len, impl
+        self.kernel_size = seq_len if kernel_size is None else kernel_size
+        self.proj = nn.Linear(d_model, d_model, bias=False)                  # W
+        self.filter = ExplicitFilter(d_model, self.kernel_size)              # h
+        self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
+        self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
 
     def _mix(self, u, past, t0):
         """u (B, T, d) at positions t0.. after the inputs `past`: (y, the inputs' state)."""
-        h = self.filter()                                                    # (d, K)
-        if self.form == "official":      # y = conv(u) ⊙ (u·W + b) + u, conv as in the docstring
-            conv, past = causal_conv(u, h, self.impl, past)
-            return (conv + (u if self.long else self.conv_bias)) * self.proj(u) + u, past
         end = t0 + u.shape[1]
-        self._check_length(end)
-        return base_conv(u, self.proj.weight.T, self.b1[t0:end], h, self.b2[t0:end],
-                         self.impl, past)
+        if end > self.seq_len:
+            raise ValueError(f"sequence length T={end} is not allowed: BaseConv has one bias "
+                             f"row per position, so T must be <= seq_len={self.seq_len}")
+        return base_conv(u, self.proj.weight.T, self.b1[t0:end], self.filter(),
+                         self.b2[t0:end], self.impl, past)
 
     def forward(self, x):
         return self._mix(x, None, 0)[0]
 
     def step(self, x_t, state=None):
-        if self.form == "official":
-            y, past = self._mix(x_t[:, None], None if state is None else state[0], 0)
-            return y[:, 0], (past,)
         past, position = (None, x_t.new_zeros(x_t.shape[0], 1, dtype=torch.long)) \
             if state is None else state                                      # position (B, 1)
         y, past = self._mix(x_t[:, None], past, int(position[0]))
         return y[:, 0], (past, position + 1)
 
     def state_size(self, t):
-        history = min(t, self.kernel_size - 1) * self.proj.in_features
-        return history + (self.form == "paper" and t > 0)
+        return min(t, self.kernel_size - 1) * self.proj.in_features + (t > 0)
+
+
+class OfficialBaseConv(Mixer):
+    """form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure
+    2's BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u.
+
+    For a short filter (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a
+    per-channel bias, both drawn as PyTorch draws a Conv1d. For a long one conv(u) = h ∗ u + u
+    (its fft_conv adds u), with h the ReLU MLP of ImplicitLongConvolution (MLPFilter), no
+    decay window. Figure 2 stacks a short and a long layer (configs.py: kernel_size
+    [3, -1, 3, -1]).
+    filter: None picks the official one ("explicit" for a short filter, "mlp" for a long
+    one); any key of FILTERS may be given.
+    `step` keeps the last K-1 inputs: min(t, K-1)·d numbers.
+    """
+
+    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, impl="fast"):
+        super().__init__()
+        check_positive("seq_len", seq_len)
+        if kernel_size is not None:
+            check_positive("kernel_size", kernel_size,
+                           "an integer >= 1, or None for a filter of seq_len taps")
+        self.kernel_size = seq_len if kernel_size is None else kernel_size
+        self.long = self.kernel_size >= seq_len
+        if filter is None:
+            filter = "mlp" if self.long else "explicit"
+        check_choice("filter", filter, tuple(FILTERS))
+        check_choice("impl", impl, tuple(CONV_IMPLS))
+        self.impl = impl
+        self.proj = nn.Linear(d_model, d_model)
+        self.filter = FILTERS[filter](d_model, self.kernel_size)
+        if not self.long:                     # an nn.Conv1d: its bias, and its taps if explicit
+            self.conv_bias = nn.Parameter(torch.empty(d_model))
+            conv1d_init_(self.conv_bias, *([self.filter.h] if filter == "explicit" else []),
+                         fan_in=self.kernel_size)
+
+    def _mix(self, u, past):
+        conv, past = causal_conv(u, self.filter(), self.impl, past)
+        return (conv + (u if self.long else self.conv_bias)) * self.proj(u) + u, past
+
+    def forward(self, x):
+        return self._mix(x, None)[0]
+
+    def step(self, x_t, state=None):
+        y, past = self._mix(x_t[:, None], None if state is None else state[0])
+        return y[:, 0], (past,)
+
+    def state_size(self, t):
+        return min(t, self.kernel_size - 1) * self.proj.in_features
 
 
 # ----------------------------------------------------------------------------------------
@@ -701,56 +803,29 @@ def hyena_operator(ps, v, hs, impl="fast", state=None):
     return z, tuple(pasts)
 
 
-def hyena_official_operator(x1, x2, v, h, bias, impl="fast", state=None):
-    """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
-    convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
-
-    x1, x2, v: (B, T, d); h: (d, K); bias: (d,), the fftconv's per-channel skip term.
-    state: the convolution's input history, as hyena_operator's (a tuple of one).
-    """
-    z = x1 * v                                                               # pre-gate
-    conv, past = causal_conv(z, h, impl, None if state is None else state[0])
-    return x2 * (conv + bias * z), (past,)
-
-
 class Hyena(Mixer):
     """Hyena of order L (appendix H.2.1, Algorithm 3; Poli et al., 2023).
 
-    form="paper" (default): Algorithm 3. A linear layer to (L+1)·d channels and a short
-      explicit convolution give p^1..p^L and v; L gated long convolutions with implicit
-      filters h^ℓ (ImplicitFilter); an output projection.
-    form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
-      short_filter_order=3): the same in_proj and short convolution (an nn.Conv1d, so with
-      a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
-      convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
-      bias ~ N(0, 1) per channel and h the official filter (ImplicitFilter form="official").
-      Its "order 2" counts the gates; Algorithm 3's L counts convolutions. Only order=2.
-    `step` keeps the last K_short-1 projected inputs and the history of each long
-    convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers, with
-    L = 1 in the official form.
+    A linear layer to (L+1)·d channels and a short explicit convolution give p^1..p^L and
+    v; L gated long convolutions with implicit filters h^ℓ (ImplicitFilter); an output
+    projection. `step` keeps the last K_short-1 projected inputs and the history of each
+    long convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers.
+    To copy: this class, hyena_operator, ImplicitFilter (with positional_features and
+    exponential_decay), ExplicitFilter, causal_conv (with the forms in CONV_IMPLS) and
+    Mixer. The layer Figure 2 trained is OfficialHyena (form="official").
     """
 
-    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, form="paper",
-                 impl="fast"):
+    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
         super().__init__()
         check_positive("seq_len", seq_len)
         check_positive("order", order)
         check_positive("short_kernel_size", short_kernel_size)
-        check_choice("form", form, ("paper", "official"))
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        if form == "official" and order != 2:
-            raise ValueError(f"order={order} is not allowed with form='official': the "
-                             "official operator has order 2 (two gates, one convolution)")
         self.d_model, self.seq_len, self.order, self.impl = d_model, seq_len, order, impl
-        self.form, self.short_kernel_size = form, short_kernel_size
-        self.n_long = 1 if form == "official" else order                     # long convolutions
+        self.short_kernel_size = short_kernel_size
         self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
         self.short_filter = ExplicitFilter((order + 1) * d_model, short_kernel_size)
-        self.long_filter = ImplicitFilter(self.n_long * d_model, seq_len, form=form)
-        if form == "official":
-            self.short_bias = nn.Parameter(torch.empty((order + 1) * d_model))
-            conv1d_init_(self.short_filter.h, self.short_bias, fan_in=short_kernel_size)
-            self.bias = nn.Parameter(torch.randn(d_model))
+        self.long_filter = ImplicitFilter(order * d_model, seq_len)
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _mix(self, x, state):
@@ -758,15 +833,9 @@ class Hyena(Mixer):
         d = x.shape[-1]
         u, short_past = causal_conv(self.in_proj(x), self.short_filter(), self.impl,
                                     None if state is None else state[0])
-        if self.form == "official":
-            u = u + self.short_bias
         *ps, v = u.split(d, dim=-1)                                          # (B, T, d) each
         hs = self.long_filter().split(d, dim=0)                              # (d, seq_len) each
-        long_state = None if state is None else state[1:]
-        if self.form == "official":
-            y, pasts = hyena_official_operator(*ps, v, hs[0], self.bias, self.impl, long_state)
-        else:
-            y, pasts = hyena_operator(ps, v, hs, self.impl, long_state)
+        y, pasts = hyena_operator(ps, v, hs, self.impl, None if state is None else state[1:])
         return self.out_proj(y), (short_past, *pasts)
 
     def forward(self, x):
@@ -779,7 +848,68 @@ class Hyena(Mixer):
     def state_size(self, t):
         d, L = self.d_model, self.order
         return (min(t, self.short_kernel_size - 1) * (L + 1) * d
-                + self.n_long * min(t, self.seq_len - 1) * d)
+                + L * min(t, self.seq_len - 1) * d)
+
+
+def hyena_official_operator(x1, x2, v, h, bias, impl="fast", state=None):
+    """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
+    convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
+
+    x1, x2, v: (B, T, d); h: (d, K); bias: (d,), the fftconv's per-channel skip term.
+    state: the convolution's input history, as hyena_operator's (a tuple of one).
+    """
+    z = x1 * v                                                               # pre-gate
+    conv, past = causal_conv(z, h, impl, None if state is None else state[0])
+    return x2 * (conv + bias * z), (past,)
+
+
+class OfficialHyena(Mixer):
+    """form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
+    short_filter_order=3). The same in_proj and short convolution as Hyena's (an nn.Conv1d,
+    so with a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
+    convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
+    bias ~ N(0, 1) per channel and h the official filter (OfficialImplicitFilter). Its
+    "order 2" counts the gates; Algorithm 3's L counts convolutions: only order=2.
+    `step`'s state: min(t, K_short-1)·3·d + min(t, seq_len-1)·d numbers.
+    """
+
+    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
+        super().__init__()
+        check_positive("seq_len", seq_len)
+        check_positive("short_kernel_size", short_kernel_size)
+        check_choice("impl", impl, tuple(CONV_IMPLS))
+        if order != 2:
+            raise ValueError(f"order={order} is not allowed with form='official': the "
+                             "official operator has order 2 (two gates, one convolution)")
+        self.d_model, self.seq_len, self.impl = d_model, seq_len, impl
+        self.short_kernel_size = short_kernel_size
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.short_filter = ExplicitFilter(3 * d_model, short_kernel_size)
+        self.long_filter = OfficialImplicitFilter(d_model, seq_len)
+        self.short_bias = nn.Parameter(torch.empty(3 * d_model))
+        conv1d_init_(self.short_filter.h, self.short_bias, fan_in=short_kernel_size)
+        self.bias = nn.Parameter(torch.randn(d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _mix(self, x, state):
+        d = x.shape[-1]
+        u, short_past = causal_conv(self.in_proj(x), self.short_filter(), self.impl,
+                                    None if state is None else state[0])
+        x1, x2, v = (u + self.short_bias).split(d, dim=-1)
+        y, pasts = hyena_official_operator(x1, x2, v, self.long_filter(), self.bias,
+                                           self.impl, None if state is None else state[1:])
+        return self.out_proj(y), (short_past, *pasts)
+
+    def forward(self, x):
+        return self._mix(x, None)[0]
+
+    def step(self, x_t, state=None):
+        y, state = self._mix(x_t[:, None], state)
+        return y[:, 0], state
+
+    def state_size(self, t):
+        return (min(t, self.short_kernel_size - 1) * 3 * self.d_model
+                + min(t, self.seq_len - 1) * self.d_model)
 
 
 # ----------------------------------------------------------------------------------------
@@ -844,62 +974,54 @@ class H3(Mixer):
     Per head of head_dim channels the product is an outer product, k_i v_j, and the output
     y_j = Σ_i q_i · SSM_diag(k ⊗ v)_{ij}; head_dim=1 (default) is the elementwise
     q ⊙ SSM(k ⊙ v). One diagonal SSM per head, shared by its head_dim² channels, with a
-    skip term D (as S4D).
+    skip term (S4D's D).
     Shift SSM: A is the shift matrix and B = e_0, so its state is the last inputs and its
     kernel is its C vector: a causal convolution with a learned filter of shift_size taps
     (default d_state: the official code uses one state size for both SSMs); its skip term
     is folded into tap 0.
     Diagonal SSM: S4D-Lin init, A_n = -1/2 + iπn, Δ log-uniform in [1e-3, 1e-1], C normal;
-    d_state real numbers per channel (d_state/2 complex modes and their conjugates).
-    form="paper" (default): zero-order-hold discretization (S4D's), shift taps N(0, 1/n).
-    form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with
-      d_state=N and head_dim=2 (configs.py; set those two as options): the bilinear
-      discretization of its SSKernelDiag, shift taps drawn as its SSKernelShift draws C
-      (U(±1/√n)) plus its skip ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official
-      kernels also train B (the shift SSM's, starting at e_0, and the diagonal SSM's,
-      starting at 1), which only reparametrises the same kernels; its output channels come
-      in (j, head) order, a permutation that the output projection absorbs.
+    d_state real numbers per channel (d_state/2 complex modes and their conjugates),
+    discretized by zero-order hold (S4D's). Shift taps start N(0, 1/n).
     Fast form: the SSM's kernel through the FFT convolution; reference: the direct sum.
     `step` runs both SSMs as recurrences: the state is the shift SSM's last inputs,
     min(t, shift_size-1)·d numbers, and the diagonal SSM's (d/head_dim)·head_dim²·d_state.
+    To copy: this class, diagonal_ssm_kernel, diagonal_ssm_step, ssm_discretize, exp_complex,
+    ExplicitFilter, causal_conv (with the forms in CONV_IMPLS) and Mixer. The layer Figure 2
+    trained is OfficialH3 (form="official").
     """
 
     rescale_out_proj = False   # the official output_linear escapes its _init_weights' rescale
+    discretization = "zoh"
 
     def __init__(self, d_model, seq_len, d_state=64, head_dim=1, shift_size=None,
-                 form="paper", impl="fast"):
+                 impl="fast"):
         super().__init__()
         check_even("d_state", d_state)
         check_divides("head_dim", head_dim, d_model)
         shift_size = d_state if shift_size is None else shift_size
         check_positive("shift_size", shift_size, "an integer >= 1, or None for d_state")
-        check_choice("form", form, ("paper", "official"))
         check_choice("impl", impl, tuple(CONV_IMPLS))
         H, n = d_model // head_dim, d_state // 2
         self.d_state, self.head_dim, self.shift_size = d_state, head_dim, shift_size
-        self.form, self.impl = form, impl
-        self.discretization = "bilinear" if form == "official" else "zoh"
+        self.impl = impl
         self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.shift_filter = ExplicitFilter(d_model, shift_size)
-        if form == "official":
-            conv1d_init_(self.shift_filter.h, fan_in=shift_size)
-            with torch.no_grad():
-                self.shift_filter.h[:, 0] += torch.randn(d_model)
+        self.shift_filter = self.shift_taps(d_model, shift_size)
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
         self.log_neg_A_re = nn.Parameter(torch.full((H, n), math.log(0.5)))
         self.A_im = nn.Parameter(math.pi * torch.arange(n).float().repeat(H, 1))
         self.C_re = nn.Parameter(torch.randn(H, n) * math.sqrt(0.5))
         self.C_im = nn.Parameter(torch.randn(H, n) * math.sqrt(0.5))
-        self.D = nn.Parameter(torch.randn(H))
+        self.skip = nn.Parameter(torch.randn(H))
         self.out_proj = nn.Linear(d_model, d_model)
 
     def _ssm(self):
-        """(log_dt, A, C, D) of the diagonal SSM, repeated over each head's head_dim² channels."""
+        """(log_dt, A, C, skip) of the diagonal SSM, repeated over each head's head_dim²
+        channels."""
         r = self.head_dim ** 2
         A = torch.complex(-self.log_neg_A_re.exp(), self.A_im)
         C = torch.complex(self.C_re, self.C_im)
         return (self.log_dt.repeat_interleave(r), A.repeat_interleave(r, 0),
-                C.repeat_interleave(r, 0), self.D.repeat_interleave(r))
+                C.repeat_interleave(r, 0), self.skip.repeat_interleave(r))
 
     def _outer(self, k, v):
         """k ⊗ v per head: (..., d), (..., d) -> (..., H·hd·hd), channel (h, i, j) = k_hi v_hj."""
@@ -943,6 +1065,30 @@ class H3(Mixer):
         if t == 0:
             return 0                                    # no state before the first token
         return d * min(t, self.shift_size - 1) + d * self.head_dim * self.d_state
+
+    def shift_taps(self, d_model, shift_size):
+        """The shift SSM's C, a filter of shift_size taps, as first drawn."""
+        return ExplicitFilter(d_model, shift_size)
+
+
+class OfficialH3(H3):
+    """form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with d_state=N
+    and head_dim=2 (configs.py; set those two as options): the bilinear discretization of
+    its SSKernelDiag, shift taps drawn as its SSKernelShift draws C (U(±1/√n)) plus its skip
+    ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official kernels also train B (the
+    shift SSM's, starting at e_0, and the diagonal SSM's, starting at 1), which only
+    reparametrises the same kernels; its output channels come in (j, head) order, a
+    permutation that the output projection absorbs.
+    """
+
+    discretization = "bilinear"
+
+    def shift_taps(self, d_model, shift_size):
+        taps = ExplicitFilter(d_model, shift_size)
+        conv1d_init_(taps.h, fan_in=shift_size)
+        with torch.no_grad():
+            taps.h[:, 0] += torch.randn(d_model)
+        return taps
 
 
 # ----------------------------------------------------------------------------------------
@@ -1087,47 +1233,28 @@ class RWKV(Mixer):
     """RWKV-4 time mixing: token shift, wkv, σ(r) gate, output projection (Peng et al., 2023).
 
     x'_t = μ ⊙ x_t + (1-μ) ⊙ x_{t-1} with one μ each for r, k, v (x_{-1} = 0);
-    out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel.
-    form="paper" (default): one initialisation for every layer, after RWKV-4's ramps over
-      the channels i: w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i,
-      r_i = i/(d-1).
-    form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
-      with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
-      official default n_layer = 12 (Figure 2's configs do not pass it),
-      w_log = -5 + 8·(i/(d-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
-      μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). Deviation: the official CUDA
-      kernel returns wkv in bfloat16; ours stays in the input's precision.
+    out_t = W_o(σ(r_t) ⊙ wkv_t). w = exp(w_log) > 0 and u are per channel, with one
+    initialisation for every layer, after RWKV-4's ramps over the channels i:
+    w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i, r_i = i/(d-1).
     No channel-mixing block (the blocks of train.py hold the MLP, if any).
     State of `step`: (a, b, p) of wkv and the previous input: 4·d numbers at every t.
+    To copy: this class, wkv_chunked and wkv_step (with _merge, _empty, _add_term,
+    _pad_to_chunks, _at_least_float32) and Mixer. The layer Figure 2 trained is
+    OfficialRWKV (form="official"), which starts from other values.
     """
 
     rescale_out_proj = False   # the official layer is named `output`: no rescale
 
-    def __init__(self, d_model, seq_len, form="paper", layer_idx=0, impl="fast",
-                 chunk_size=64):
+    def __init__(self, d_model, seq_len, impl="fast", chunk_size=64):
         super().__init__()
-        check_choice("form", form, ("paper", "official"))
-        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
-            raise ValueError(f"layer_idx={layer_idx!r} is not allowed: layer_idx must be an "
-                             "integer >= 0")
         check_choice("impl", impl, tuple(WKV_IMPLS))
         check_positive("chunk_size", chunk_size)
         d = d_model
         self.impl, self.chunk_size = impl, chunk_size
-        i = torch.arange(d, dtype=torch.float32)
-        ramp = i / max(d - 1, 1)
-        if form == "official":
-            n_layer = 12
-            a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
-            w_log = -5 + 8 * ramp ** (0.7 + 1.3 * a)
-            u = math.log(0.3) + 0.5 * ((i + 1) % 3 - 1)
-            mix_r, mix_k, mix_v = (i / d) ** (0.5 * b), (i / d) ** b, (i / d) ** b + 0.3 * a
-        else:
-            w_log, u = -5 + 8 * ramp ** 0.7, torch.full((d,), math.log(0.3))
-            mix_r, mix_k, mix_v = ramp, ramp, ramp
-        self.w_log, self.u = nn.Parameter(w_log), nn.Parameter(u)
-        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(m.clone())
-                                              for m in (mix_r, mix_k, mix_v))
+        ramp = torch.arange(d, dtype=torch.float32) / max(d - 1, 1)
+        self.w_log = nn.Parameter(-5 + 8 * ramp ** 0.7)
+        self.u = nn.Parameter(torch.full((d,), math.log(0.3)))
+        self.mix_r, self.mix_k, self.mix_v = (nn.Parameter(ramp.clone()) for _ in range(3))
         self.receptance, self.key, self.value, self.out_proj = (
             nn.Linear(d, d, bias=False) for _ in range(4))
 
@@ -1160,12 +1287,38 @@ class RWKV(Mixer):
         return 4 * self.out_proj.in_features
 
 
+class OfficialRWKV(RWKV):
+    """form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
+    with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
+    official default n_layer = 12 (Figure 2's configs do not pass it),
+    w_log = -5 + 8·(i/(d-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
+    μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). The same layer as RWKV's
+    otherwise. Deviation: the official CUDA kernel returns wkv in bfloat16; ours stays in
+    the input's precision.
+    """
+
+    def __init__(self, d_model, seq_len, layer_idx=0, impl="fast", chunk_size=64):
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+            raise ValueError(f"layer_idx={layer_idx!r} is not allowed: layer_idx must be an "
+                             "integer >= 0")
+        super().__init__(d_model, seq_len, impl, chunk_size)
+        d, n_layer = d_model, 12
+        i = torch.arange(d, dtype=torch.float32)
+        a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
+        with torch.no_grad():                    # values only: nothing random is drawn
+            self.w_log.copy_(-5 + 8 * (i / max(d - 1, 1)) ** (0.7 + 1.3 * a))
+            self.u.copy_(math.log(0.3) + 0.5 * ((i + 1) % 3 - 1))
+            self.mix_r.copy_((i / d) ** (0.5 * b))
+            self.mix_k.copy_((i / d) ** b)
+            self.mix_v.copy_((i / d) ** b + 0.3 * a)
+
+
 # ----------------------------------------------------------------------------------------
 # RetNet multi-scale retention (appendix H.2; Sun et al., 2023, eq. 5-9)
 #
 # recurrent  S_t = γ S_{t-1} + k_tᵀ v_t,  y_t = q_t S_t
-# parallel   Y = (Q Kᵀ ⊙ Dγ) V,  Dγ[n, m] = γ^{n-m} for n >= m else 0
-# chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Dγ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
+# parallel   Y = (Q Kᵀ ⊙ Γ) V,  Γ[n, m] = γ^{n-m} for n >= m else 0 (the paper's D)
+# chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Γ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
 #            R_c = K_cᵀ (V_c ⊙ ζ) + γ^C R_{c-1},  ζ_j = γ^{C-1-j}
 # Every form takes (q, k, v, gamma, state=None, chunk_size): q, k (B, H, T, hs),
 # v (B, H, T, hv), gamma (H,), state S (B, H, hs, hv) before the first position (None: 0);
@@ -1174,7 +1327,7 @@ class RWKV(Mixer):
 
 
 def _decay_matrix(gamma, T):
-    """Dγ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
+    """Γ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
     n = torch.arange(T, device=gamma.device)
     dist = n[:, None] - n[None, :]                                            # (T, T)
     decay = torch.exp(dist.clamp_min(0) * torch.log(gamma)[:, None, None])    # (H, T, T)
@@ -1201,7 +1354,7 @@ def _read_state(q, gamma, state):
 
 
 def retention_parallel(q, k, v, gamma, state=None, chunk_size=None):
-    """(Q Kᵀ ⊙ Dγ) V. Materializes (B, H, T, T)."""
+    """(Q Kᵀ ⊙ Γ) V. Materializes (B, H, T, T)."""
     y = (torch.einsum("bhid,bhjd->bhij", q, k) * _decay_matrix(gamma, q.shape[2])) @ v
     if state is not None:
         y = y + _read_state(q, gamma, state)
@@ -1224,11 +1377,9 @@ def retention_chunkwise(q, k, v, gamma, state=None, chunk_size=32):
 
     The intra-chunk products are batched matmuls over all n chunks at once; the recurrence
     R_c = γ^C R_{c-1} + K_cᵀ(V_c ⊙ ζ) is n steps of one fused multiply-add on (B, H, hs, hv).
-    (Unrolling it into an (n, n) decay-matrix product, the parallel form over chunks, costs
-    B·H·n²·hs·hv and measured slower at T = 4096.) Costs B·H·T·C·(hs + hv) inside chunks
-    and 2·B·H·T·hs·hv to build and read the states; materializes (B, H, n, C, C) and one
-    (hs, hv) state per chunk. The final state comes from the last chunk's real positions
-    (its zero padding would count in the decay).
+    Costs B·H·T·C·(hs + hv) inside chunks and 2·B·H·T·hs·hv to build and read the states;
+    materializes (B, H, n, C, C) and one (hs, hv) state per chunk. The final state comes
+    from the last chunk's real positions (its zero padding would count in the decay).
     """
     C = min(chunk_size, q.shape[2])                 # a chunk never longer than the sequence
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
@@ -1260,6 +1411,8 @@ class RetNet(Mixer):
     position in the step state, and it is not tested, so it is left out); group norm without
     affine parameters and without RetNet's score normalisations (§2.4, for fp16 stability).
     State of `step`: one (hs, hs) matrix per head, d·d/H numbers at every t.
+    To copy: this class, retention_chunkwise, retention_recurrent, retention_parallel
+    (with _decay_matrix, _powers, _state_after, _read_state, _pad_to_chunks) and Mixer.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, impl="fast", chunk_size=32):
@@ -1431,6 +1584,8 @@ class Based(Mixer):
     the kernel 1 + s + s²/2 is at least 1/2.
     State of `step`: S (F, d/H) and z (F,) per head in the compact features,
     F = 1 + d' + d'(d'+1)/2: H·F·(d/H + 1) numbers.
+    To copy: this class, based_chunkwise, based_recurrent, based_parallel (with
+    taylor_feature_map_compact, _taylor_kernel, _read_linear_state, _pad_to_chunks) and Mixer.
     """
 
     rescale_out_proj = False   # the official layer is named proj_o: no rescale
@@ -1477,78 +1632,73 @@ class Based(Mixer):
 # ----------------------------------------------------------------------------------------
 # Mamba, the selective SSM (Gu & Dao, 2023, Algorithm 2 and §3.6)
 #
-# h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h (d_inner, N), A = -exp(A_log) (d_inner, N)
-# y_t = C_t h_t + D ⊙ x_t
-# Both scans take (x, delta, A, Bm, Cm, D, state=None, chunk_size): x, delta (B, T, d_inner),
-# A (d_inner, N), Bm, Cm (B, T, N), D (d_inner,), state h (B, d_inner, N) before the first
+# h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h, A = -exp(A_log): (d_inner, d_state)
+# y_t = C_t h_t + skip ⊙ x_t                     (skip: the paper's D)
+# Both scans take (x, delta, A, Bm, Cm, skip, state=None, chunk_size): x, delta
+# (B, T, d_inner), A (d_inner, d_state), Bm, Cm (B, T, d_state), skip (d_inner,), state h
+# (B, d_inner, d_state) before the first
 # position (None: 0); chunk_size is the chunked scan's, the sequential one ignores it. Each
 # returns (y, h after the last position).
 
 
-def selective_scan_sequential(x, delta, A, Bm, Cm, D, state=None, chunk_size=None):
-    """The recurrence as written, one position at a time (T Python steps of B·d_inner·N)."""
+def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps of
+    B·d_inner·d_state)."""
     B, T, d = x.shape
     h = x.new_zeros(B, d, A.shape[1]) if state is None else state
     out = []
     for t in range(T):
         h = torch.exp(delta[:, t, :, None] * A) * h + \
-            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]           # (B, d, N)
+            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]     # (B, d, d_state)
         out.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
-    return torch.stack(out, 1) + D * x, h                                     # (B, T, d)
+    return torch.stack(out, 1) + skip * x, h                                  # (B, T, d)
 
 
-def selective_scan_chunked(x, delta, A, Bm, Cm, D, state=None, chunk_size=64):
+def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64):
     """The same recurrence with the n = T/C chunks run side by side: C + n + C Python steps
-    instead of T, each C·B·d_inner·N numbers wide instead of B·d_inner·N:
+    instead of T, each C·B·d_inner·d_state numbers wide instead of B·d_inner·d_state:
 
     1. every chunk scanned from a zero state, all n chunks at once (C steps): its end state;
     2. the state entering each chunk: the previous one times the chunk's total decay
-       exp(A · Σ_chunk Δ) plus that chunk's end state (n steps of B·d_inner·N);
+       exp(A · Σ_chunk Δ) plus that chunk's end state (n steps of B·d_inner·d_state);
     3. every chunk scanned again, all at once, from its true entering state (C steps),
        reading y_t = C_t h_t on the way.
     Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
-    Cost: 2·B·T·d_inner·N exponentials and multiply-adds, twice the sequential scan's work;
-    the gain is the T Python steps. A matrix form inside chunks (as RetNet's) would need a
-    (C, C) decay matrix per channel and state, C/2 times more exponentials: slower on a CPU.
-    Each step is four element-wise passes over one (B, n, N, d_inner) state, so the time is
-    memory traffic: on one CPU thread at (B, T, d_inner, N) = (2, 4096, 128, 16) about
-    20 ms, against about 160 ms for the sequential scan, whose T steps are each too small
-    to be anything but Python and dispatch overhead. Tried and measured slower: keeping
-    pass 1's decays for pass 3 (B·T·d_inner·N numbers to write and read back), computing
-    all decays in one call, torch.compile. Only a fused kernel, one pass over the state per
-    step, would close the gap. Materializes no (B, T, d_inner, N) tensor. The padding has
-    Δ = 0 (decay 1, input 0), so the carry after the last chunk is the final state.
+    Cost: 2·B·T·d_inner·d_state exponentials and multiply-adds, twice the sequential scan's;
+    the gain is the T Python steps (the README's benchmark section: what else was tried).
+    Materializes no (B, T, d_inner, d_state) tensor. The padding has Δ = 0 (decay 1, input 0),
+    so the carry after the last chunk is the final state.
     """
     C = min(chunk_size, x.shape[1])                 # a chunk never longer than the sequence
     (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
     B, Tp, d = x.shape
-    n, N = Tp // C, A.shape[1]
+    n, d_state = Tp // C, A.shape[1]
     # e^{ΔA} = 2^{ΔA·log2 e}: PyTorch's exp2 is several times faster than exp on a CPU;
     # A2 is made contiguous so that the broadcast product below runs along d_inner
-    A2 = (A.T / math.log(2)).contiguous()                                     # (N, d)
+    A2 = (A.T / math.log(2)).contiguous()                               # (d_state, d)
     dc, u = delta.view(B, n, C, d), (delta * x).view(B, n, C, d)            # (B, n, C, d)
-    Bc = Bm.view(B, n, C, N)
+    Bc = Bm.view(B, n, C, d_state)
 
-    def step(j, h):  # h_t = e^{Δ_t A} ⊙ h_{t-1} + B_t Δ_t x_t, for every chunk; h (B, n, N, d)
+    def step(j, h):  # h_t = e^{Δ_t A} h_{t-1} + B_t Δ_t x_t, every chunk; h (B, n, d_state, d)
         return torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * h,
                              Bc[:, :, j, :, None], u[:, :, j, None])
 
-    h = x.new_zeros(B, n, N, d)
+    h = x.new_zeros(B, n, d_state, d)
     for j in range(C):                                                        # 1.
         h = step(j, h)
-    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)                      # (B, n, N, d)
-    carry = x.new_zeros(B, N, d) if state is None else state.transpose(1, 2)
+    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)                # (B, n, d_state, d)
+    carry = x.new_zeros(B, d_state, d) if state is None else state.transpose(1, 2)
     entering = []
     for c in range(n):                                                        # 2.
         entering.append(carry)
         carry = torch.addcmul(h[:, c], chunk_decay[:, c], carry)
     h, y = torch.stack(entering, 1), []
-    Cc = Cm.view(B, n, C, N).transpose(1, 2).contiguous()                    # (B, C, n, N)
+    Cc = Cm.view(B, n, C, d_state).transpose(1, 2).contiguous()       # (B, C, n, d_state)
     for j in range(C):                                                        # 3.
         h = step(j, h)
         y.append(Cc[:, j, :, None] @ h)                                       # (B, n, 1, d)
     y = torch.cat(y, 2).view(B, Tp, d)                                        # (B, T, d)
-    return (y + D * x)[:, :T], carry.transpose(1, 2)
+    return (y + skip * x)[:, :T], carry.transpose(1, 2)
 
 
 SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequential}
@@ -1557,17 +1707,22 @@ SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequen
 class Mamba(Mixer):
     """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
     input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
-    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: E = 2, N = 16, conv 4, dt_rank = ⌈d/16⌉.
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: expand E = 2, d_state = 16 (the paper's N),
+    conv 4, dt_rank = ⌈d/16⌉.
 
     Initialised as Mamba initialises itself (Gu & Dao's mamba_simple.py, which the official
-    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), D = 1, Δ log-uniform in
+    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), skip = 1 (the paper's
+    D), Δ log-uniform in
     [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight U(±dt_rank^-1/2), the
     conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as PyTorch draws an
     nn.Linear. `keeps_own_init`: a model's initialisation leaves all of it alone, as the
     official model does (its MambaBlock branch only rescales out_proj; train.init_weights).
     dt_bias is a separate parameter rather than dt_proj's bias (the official code marks
     that bias `_no_reinit` for the same reason).
-    State of `step`: h (d_inner, N) and the last conv inputs: d_inner·(N + min(t, d_conv - 1)).
+    State of `step`: h (d_inner, d_state) and the last conv inputs:
+    d_inner·(d_state + min(t, d_conv - 1)).
+    To copy: this class, selective_scan_chunked, selective_scan_sequential (with
+    _pad_to_chunks), causal_conv (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
     """
 
     keeps_own_init = True
@@ -1592,11 +1747,11 @@ class Mamba(Mixer):
         dt = torch.exp(torch.rand(d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0)).repeat(d_inner, 1))
-        self.D = nn.Parameter(torch.ones(d_inner))
+        self.skip = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def _ssm_inputs(self, xc):
-        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), B_t, C_t (..., N)."""
+        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), B_t, C_t (..., d_state)."""
         dt, Bm, Cm = self.x_proj(xc).split(
             [self.dt_proj.in_features, self.d_state, self.d_state], dim=-1)
         return F.softplus(self.dt_proj(dt) + self.dt_bias), Bm, Cm
@@ -1608,8 +1763,8 @@ class Mamba(Mixer):
         xc, past = causal_conv(xi, self.conv_weight, state=past)
         xc = F.silu(xc + self.conv_bias)
         delta, Bm, Cm = self._ssm_inputs(xc)
-        A = -torch.exp(self.A_log)                                            # (d_inner, N)
-        y, h = scan(xc, delta, A, Bm, Cm, self.D, h, self.chunk_size)
+        A = -torch.exp(self.A_log)                                      # (d_inner, d_state)
+        y, h = scan(xc, delta, A, Bm, Cm, self.skip, h, self.chunk_size)
         return self.out_proj(y * F.silu(z)), (h, past)
 
     def forward(self, x):
@@ -1630,9 +1785,11 @@ class Mamba(Mixer):
 # Selective attention (Section 5)
 #
 # y[i] = f(u)[i] · W_o softmax(q_i Kᵀ/√hs) V        f(u) ∈ {0, 1}^T chooses the rows
-#   programmatic  f[i] = 1 iff token u_i appeared at some position j < i
+#   programmatic  f[i] = 1 iff token u_i appeared at some position j < i; with a budget
+#                 (top_k), the first repeat of each token, the first top_k of them
 #   learned       f = σ(u w + b): soft during training, hard at inference
-#   random        f[i] = 1 with probability top_k / seq_len, a fixed function of (seed, i)
+#   random        a fresh, uniformly random set of exactly top_k rows for every example,
+#                 whatever its tokens: the control, matched in the number of rows
 # aux loss (learned): (1/N) · max(0, Σ_i f(u)[i] - k), averaged over the batch.
 # Every key stays in the cache: f only decides which rows (queries) produce output.
 # This reference computes every row and then zeroes the unselected ones; the saving the
@@ -1646,6 +1803,16 @@ def programmatic_selection(tokens):
     """
     seen = (tokens[:, :, None] == tokens[:, None, :]).tril(-1)                # (B, T, T)
     return seen.any(-1)
+
+
+def first_repeats(tokens, budget):
+    """f[b, i] = 1 iff tokens[b, i] is the second occurrence of its token, and fewer than
+    `budget` such rows came before i: attention once per recalled token, on a budget of
+    rows. Causal. tokens (B, T) -> bool. On MQAR with a filler these are the queries (one
+    per key-value pair) and the filler's second occurrence, not the filler's every repeat."""
+    earlier = (tokens[:, :, None] == tokens[:, None, :]).tril(-1).sum(-1)    # (B, T)
+    second = earlier == 1
+    return second & (second.cumsum(-1) <= budget)
 
 
 def selection_aux_loss(f, k):
@@ -1678,17 +1845,27 @@ class SelectiveAttention(Mixer):
     the paper's rule, the top_k rows of the whole sequence; it is NOT causal (a row's fate
     depends on later scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row
     on, as attention) and is a separate parameter so a model's "biases 0" initialisation
-    leaves it alone. top_k defaults to N/4, aux_weight to 1.
-    form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), learned
-    selection only: f = σ(u w) without a bias, y = f ⊙ attention(u) + u (the input passes
-    through every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions
-    with aux_weight 0.001 and k = √N (its defaults), and at inference (inference="topk",
-    its rule) the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u.
+    leaves it alone. top_k defaults to N/4, aux_weight to 1. The official code's learned
+    selection is OfficialSelectiveAttention (form="official").
     selection="programmatic" needs the token ids: `forward(x, tokens)` and
     `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
-    pass them (other mixers take x only). selection="random" keeps a seed-fixed subset of
-    positions of expected size top_k, the control of Section 5.
-    State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic".
+    pass them (other mixers take x only). It keeps every row whose token appeared before,
+    or, given top_k, the first repeat of each token, the first top_k of them
+    (first_repeats): "attention on a few rows", to set against "on almost every row" (on
+    MQAR with the filler 0 the plain rule keeps every row after the context but the
+    filler's first: N - 2D - 1 of N).
+    selection="random" is the control of Section 5: for every example a fresh, uniformly
+    random set of exactly top_k rows (default N/4), drawn from torch's generator at each
+    forward (in `step`, at the first token, for the whole sequence), so that it matches the
+    selection it controls in the number of rows and differs in what chooses them. It is
+    causal because the rows do not depend on the tokens at all; a count matched to
+    another selection example by example could not be (that count depends on the whole
+    example), which is why the count is a setting: N - 2D - 1 matches programmatic
+    selection on MQAR, where that count is the same for every example.
+    State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic"
+    (and the count of rows kept, with a budget), the seq_len drawn rows for "random".
+    To copy: this class, Attention (with the forms in ATTENTION_IMPLS), top_k_rows,
+    selection_aux_loss, programmatic_selection, first_repeats and Mixer.
     """
 
     takes_tokens = True
@@ -1696,73 +1873,60 @@ class SelectiveAttention(Mixer):
     # a pure selective-attention model reached 0.860 without positions, 0.242 with learned ones
 
     def __init__(self, d_model, seq_len, num_heads=1, selection="learned", top_k=None,
-                 inference=None, aux_weight=None, form="paper", seed=0, impl="fast"):
+                 inference="threshold", aux_weight=1.0, impl="fast"):
         super().__init__()
         check_choice("selection", selection, ("learned", "programmatic", "random"))
-        check_choice("form", form, ("paper", "official"))
-        official = form == "official"
-        if official and selection != "learned":
-            raise ValueError(f"selection={selection!r} is not allowed with form='official': "
-                             "the official SigmoidLookups is the learned selection")
-        inference = ("topk" if official else "threshold") if inference is None else inference
         check_choice("inference", inference, ("threshold", "topk"))
         if top_k is not None:
             check_positive("top_k", top_k)
-        aux_weight = (0.001 if official else 1.0) if aux_weight is None else aux_weight
         if not aux_weight >= 0:
             raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
-        self.selection, self.inference, self.form = selection, inference, form
-        self.top_k, self.aux_weight = top_k, aux_weight
+        self.selection, self.inference = selection, inference
+        self.top_k, self.aux_weight, self.seq_len = top_k, aux_weight, seq_len
         self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
         if selection == "learned":     # the other rules have no parameters of their own
-            # the official gate is an nn.Linear(d, 1, bias=False), which its init draws
-            # from N(0, 0.02)
-            self.gate = nn.Parameter(0.02 * torch.randn(d_model) if official
-                                     else torch.zeros(d_model))
-            if not official:
-                self.gate_bias = nn.Parameter(torch.tensor(2.0))
-        g = torch.Generator().manual_seed(seed)
-        self.register_buffer("random_rows",
-                             torch.rand(seq_len, generator=g) < self._k(seq_len) / seq_len)
+            self.gate = nn.Parameter(torch.zeros(d_model))
+            self.gate_bias = nn.Parameter(torch.tensor(2.0))
 
     def _k(self, T):
-        """The row budget for a sequence of T: top_k, else N/4 (paper form) or √N (official;
-        ⌈√N⌉ rows at inference, as the official top-k)."""
-        if self.top_k is not None:
-            return self.top_k
-        return math.sqrt(T) if self.form == "official" else max(1, T // 4)
+        """The row budget for a sequence of T: top_k, else N/4."""
+        return self.top_k if self.top_k is not None else max(1, T // 4)
 
     def _gate(self, x):
-        bias = self.gate_bias if self.form == "paper" else 0.0
-        return torch.sigmoid(x @ self.gate + bias)                           # (B, T) or (B,)
+        return torch.sigmoid(x @ self.gate + self.gate_bias)                # (B, T) or (B,)
+
+    def random_rows(self, B, device):
+        """A fresh, uniformly random set of exactly top_k of the seq_len rows for each of B
+        examples: (B, seq_len) bool."""
+        return top_k_rows(torch.rand(B, self.seq_len, device=device), self._k(self.seq_len))
 
     def selection_mask(self, x, tokens=None):
-        """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode; in
-        the official form the kept rows carry their soft f. Returns (f, the weighted
-        auxiliary loss, None but for the learned selection)."""
+        """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode.
+        Returns (f, the weighted auxiliary loss, None but for the learned selection)."""
         B, T, d = x.shape
         if self.selection == "programmatic":
             if tokens is None:
                 raise ValueError("tokens=None is not allowed with selection='programmatic': "
                                  "pass the token ids, forward(x, tokens=(B, T) ids)")
-            return programmatic_selection(tokens).to(x.dtype), None
+            f = (programmatic_selection(tokens) if self.top_k is None
+                 else first_repeats(tokens, self.top_k))
+            return f.to(x.dtype), None
         if self.selection == "random":
-            if T > len(self.random_rows):
-                raise ValueError(f"T={T} is not allowed: the random selection is fixed for "
-                                 f"seq_len={len(self.random_rows)} positions")
-            return self.random_rows[:T].expand(B, T).to(x.dtype), None
+            if T > self.seq_len:
+                raise ValueError(f"T={T} is not allowed: the random rows are drawn for "
+                                 f"seq_len={self.seq_len} positions")
+            return self.random_rows(B, x.device)[:, :T].to(x.dtype), None
         f, k = self._gate(x), self._k(T)
-        aux = (official_selection_aux_loss if self.form == "official" else selection_aux_loss)
-        aux_loss = self.aux_weight * aux(f, k)
+        aux_loss = self.aux_weight * selection_aux_loss(f, k)
         if self.training:
             return f, aux_loss
-        keep = top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5
-        return (f * keep if self.form == "official" else keep.to(x.dtype)), aux_loss
+        keep = top_k_rows(f, k) if self.inference == "topk" else f > 0.5
+        return keep.to(x.dtype), aux_loss
 
     def forward(self, x, tokens=None):
         f, self.aux_loss = self.selection_mask(x, tokens)
-        y = self.attention(x) * f[..., None]
-        return y + x if self.form == "official" else y
+        self.selected = f.detach()                 # the last forward's rows (train.py counts)
+        return self.attention(x) * f[..., None]
 
     def step(self, x_t, state=None, token=None):
         if self.selection == "learned" and self.inference == "topk":
@@ -1775,23 +1939,76 @@ class SelectiveAttention(Mixer):
                 raise ValueError("token=None is not allowed with selection='programmatic': "
                                  "pass the token id, step(x_t, state, token=(B,) ids)")
             past = token.new_zeros(token.shape[0], 0) if state is None else state[2]
-            f = (past == token[:, None]).any(-1).to(y.dtype)
-            return y * f[:, None], (*kv, torch.cat([past, token[:, None]], 1))
+            tokens = torch.cat([past, token[:, None]], 1)
+            if self.top_k is None:
+                f = (past == token[:, None]).any(-1)
+                return y * f[:, None].to(y.dtype), (*kv, tokens)
+            kept = token.new_zeros(token.shape[0]) if state is None else state[3]  # (B,)
+            f = ((past == token[:, None]).sum(-1) == 1) & (kept < self.top_k)
+            return y * f[:, None].to(y.dtype), (*kv, tokens, kept + f)
         if self.selection == "random":
-            if t >= len(self.random_rows):
-                raise ValueError(f"position {t} is not allowed: the random selection is "
-                                 f"fixed for seq_len={len(self.random_rows)} positions")
-            return y * self.random_rows[t].to(y.dtype), kv
+            if t >= self.seq_len:
+                raise ValueError(f"position {t} is not allowed: the random rows are drawn "
+                                 f"for seq_len={self.seq_len} positions")
+            rows = self.random_rows(x_t.shape[0], x_t.device) if state is None else state[2]
+            return y * rows[:, t, None].to(y.dtype), (*kv, rows)
         f = self._gate(x_t)
         if not self.training:
-            keep = f > 0.5
-            f = f * keep if self.form == "official" else keep.to(y.dtype)
-        y = y * f[:, None]
-        return (y + x_t if self.form == "official" else y), kv
+            f = (f > 0.5).to(y.dtype)
+        return y * f[:, None], kv
 
     def state_size(self, t):
         d = self.attention.out_proj.in_features
-        return 2 * t * d + (t if self.selection == "programmatic" else 0)
+        if t == 0:
+            return 0
+        if self.selection == "programmatic":
+            return 2 * t * d + t + (self.top_k is not None)         # token ids (and count)
+        return 2 * t * d + (self.seq_len if self.selection == "random" else 0)
+
+
+class OfficialSelectiveAttention(Mixer):
+    """form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), a learned
+    selection: f = σ(u w) without a bias (w drawn N(0, 0.02), as the official init draws
+    its nn.Linear(d, 1, bias=False)), y = f ⊙ attention(u) + u (the input passes through
+    every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions with
+    aux_weight 0.001 and k = √N (its defaults). At inference (inference="topk", its rule)
+    the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u; "threshold" keeps
+    the rows with f > 0.5 (causal: `step` runs it). State of `step`: the KV cache, 2·t·d.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=1, top_k=None, inference="topk",
+                 aux_weight=0.001, impl="fast"):
+        super().__init__()
+        check_choice("inference", inference, ("threshold", "topk"))
+        if top_k is not None:
+            check_positive("top_k", top_k)
+        if not aux_weight >= 0:
+            raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
+        self.inference, self.top_k, self.aux_weight = inference, top_k, aux_weight
+        self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
+        self.gate = nn.Parameter(0.02 * torch.randn(d_model))
+
+    def forward(self, x, tokens=None):
+        f = torch.sigmoid(x @ self.gate)                                     # (B, T)
+        k = self.top_k if self.top_k is not None else math.sqrt(x.shape[1])
+        self.aux_loss = self.aux_weight * official_selection_aux_loss(f, k)
+        if not self.training:         # the kept rows carry their soft f
+            f = f * (top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5)
+        self.selected = f.detach()                 # the last forward's rows (train.py counts)
+        return self.attention(x) * f[..., None] + x
+
+    def step(self, x_t, state=None):
+        if self.inference == "topk":
+            raise ValueError("inference='topk' is not allowed in step: the whole-sequence "
+                             "top-k is not causal; use inference='threshold'")
+        y, kv = self.attention.step(x_t, state)
+        f = torch.sigmoid(x_t @ self.gate)                                   # (B,)
+        if not self.training:
+            f = f * (f > 0.5)
+        return y * f[:, None] + x_t, kv
+
+    def state_size(self, t):
+        return 2 * t * self.attention.out_proj.in_features
 
 
 # ----------------------------------------------------------------------------------------
@@ -1871,6 +2088,8 @@ class InputDependentConv(Mixer):
     step(x_t, state, token) take the token ids, as selective attention does.
     State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
     and for "autocorrelation" the counts r(s) of the lags 1..n-1.
+    To copy: this class, input_dependent_conv_fast,
+    input_dependent_conv_reference, chosen_lags and Mixer.
     """
 
     takes_tokens = True
@@ -1923,6 +2142,609 @@ class InputDependentConv(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
+# GLA, gated linear attention (Yang et al., 2024, "Gated Linear Attention Transformers with
+# Hardware-Efficient Training", §4)
+#
+# S_t = Diag(α_t) S_{t-1} + k_tᵀ v_t,   o_t = q_t S_t       per head: S (dk, dv), α_t (dk,)
+# log α_t = logsigmoid(x_t W_α1 W_α2 + b_α) / 16            (a low-rank gate, §4.4)
+# Every form takes (q, k, v, log_alpha, state=None, chunk_size): q, k, log_alpha
+# (B, H, T, dk), v (B, H, T, dv), state S (B, H, dk, dv) before the first position (None: 0);
+# chunk_size is the chunked form's. Each returns (o, S after the last position). The
+# module scales q by dk^-1/2 before (as flash-linear-attention does).
+
+
+def gla_recurrent(q, k, v, log_alpha, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, H, T, dk = q.shape
+    S = q.new_zeros(B, H, dk, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        S = log_alpha[:, :, t, :, None].exp() * S + k[:, :, t, :, None] * v[:, :, t, None, :]
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    return torch.stack(out, 2), S                                            # (B, H, T, dv)
+
+
+def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
+    """The chunked form: inside a chunk of C, o_i = Σ_{j<=i} (Σ_c q_ic k_jc e^{b_ic - b_jc}) v_j
+    with b the running sum of log α from the chunk's start; across the n chunks the state,
+    read as (q_i ⊙ e^{b_i}) S and carried as S ← e^{b_C} ⊙ S + Σ_j (k_j ⊙ e^{b_C - b_j})ᵀ v_j.
+    Every exponent is <= 0 (a decay), so nothing overflows however strong the gates are:
+    the inner products carry the per-channel decay between i and j as a (C, C, dk) table
+    instead of dividing by e^{b_j} (which a strong gate sends past float range).
+    Costs B·H·T·C·dk for that table, n Python steps across chunks.
+    """
+    C = min(chunk_size, q.shape[2])
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    log_alpha, _ = _pad_to_chunks(log_alpha, C, 2)          # padding: decay 1, input 0
+    B, H, Tp, dk = q.shape
+    n, dv = Tp // C, v.shape[-1]
+    q, k, log_alpha = (t.view(B, H, n, C, dk) for t in (q, k, log_alpha))
+    v = v.view(B, H, n, C, dv)
+    b = log_alpha.cumsum(3)                                                  # (B, H, n, C, dk)
+    below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()[..., None]
+    decay = torch.where(below, b[..., :, None, :] - b[..., None, :, :], -math.inf).exp()
+    scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, decay)          # (B, H, n, C, C)
+    o = scores @ v                                                           # within chunks
+    read, write = q * b.exp(), k * (b[..., -1:, :] - b).exp()
+    carry = b[..., -1, :].exp()                                              # (B, H, n, dk)
+    S = q.new_zeros(B, H, dk, dv) if state is None else state
+    past = []
+    for c in range(n):
+        past.append(read[:, :, c] @ S)                                       # (B, H, C, dv)
+        S = carry[:, :, c, :, None] * S + write[:, :, c].transpose(-1, -2) @ v[:, :, c]
+    o = o + torch.stack(past, 2)
+    return o.reshape(B, H, Tp, dv)[:, :, :T], S
+
+
+GLA_IMPLS = {"fast": gla_chunked, "reference": gla_recurrent}
+
+
+class GLA(Mixer):
+    """Gated linear attention (Yang et al., 2024): per head, the recurrence above with a
+    data-dependent decay per key channel, then an RMSNorm of each head's output, a swish
+    output gate and an output projection:
+
+        q, k = x W_q, x W_k (d·expand_k channels), v, g = x W_v, x W_g (d·expand_v);
+        log α = logsigmoid(x W_α1 W_α2 + b_α) / gate_normalizer (rank gate_rank);
+        y = W_o (RMSNorm(o) ⊙ swish(g)).
+
+    The paper's defaults: expand_k 0.5, expand_v 1, 4 heads, rank 16, normalizer 16 (so
+    that α starts close to 1: slow forgetting), no short convolution. No bias but the gate's.
+    State of `step`: S, H·dk·dv numbers (dk = d·expand_k/H, dv = d·expand_v/H) at every t.
+    To copy: this class, gla_chunked and gla_recurrent (with _pad_to_chunks) and Mixer.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, expand_k=0.5, expand_v=1.0,
+                 gate_rank=16, gate_normalizer=16.0, impl="fast", chunk_size=16):
+        super().__init__()
+        key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
+        for name, value in (("num_heads", num_heads), ("gate_rank", gate_rank),
+                            ("chunk_size", chunk_size)):
+            check_positive(name, value)
+        for name, dim in (("expand_k", key_dim), ("expand_v", value_dim)):
+            if dim < 1 or dim % num_heads:
+                raise ValueError(f"{name}={expand_k if name == 'expand_k' else expand_v!r} is "
+                                 f"not allowed with d_model={d_model}, num_heads={num_heads}: "
+                                 f"d_model·{name} = {dim} must be a multiple of num_heads")
+        if not gate_normalizer > 0:
+            raise ValueError(f"gate_normalizer={gate_normalizer!r} is not allowed: it must "
+                             "be > 0")
+        check_choice("impl", impl, tuple(GLA_IMPLS))
+        self.num_heads, self.impl, self.chunk_size = num_heads, impl, chunk_size
+        self.gate_normalizer = gate_normalizer
+        self.q_proj = nn.Linear(d_model, key_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, key_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, value_dim, bias=False)
+        self.g_proj = nn.Linear(d_model, value_dim, bias=False)
+        self.gate_down = nn.Linear(d_model, gate_rank, bias=False)
+        self.gate_up = nn.Linear(gate_rank, key_dim)
+        self.norm = nn.RMSNorm(value_dim // num_heads, eps=1e-5)
+        self.out_proj = nn.Linear(value_dim, d_model, bias=False)
+
+    def _inputs(self, x):
+        """x (..., T, d) -> q (scaled by dk^-1/2), k, v, log α as (..., H, T, head dim)."""
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        log_alpha = F.logsigmoid(self.gate_up(self.gate_down(x))) / self.gate_normalizer
+        return q * q.shape[-1] ** -0.5, k, v, heads(log_alpha)
+
+    def _output(self, o, x):
+        """o (..., H, T, dv) -> y (..., T, d): norm per head, swish gate, projection."""
+        o = self.norm(o).transpose(-2, -3).flatten(-2)                       # (..., T, H·dv)
+        return self.out_proj(o * F.silu(self.g_proj(x)))
+
+    def forward(self, x):
+        o, _ = GLA_IMPLS[self.impl](*self._inputs(x), chunk_size=self.chunk_size)
+        return self._output(o, x)
+
+    def step(self, x_t, state=None):
+        x = x_t[:, None]                                                     # (B, 1, d)
+        o, S = gla_recurrent(*self._inputs(x), None if state is None else state[0])
+        return self._output(o, x)[:, 0], (S,)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        H = self.num_heads
+        return H * (self.q_proj.out_features // H) * (self.v_proj.out_features // H)
+
+
+# ----------------------------------------------------------------------------------------
+# Mamba-2, the SSD layer (Dao & Gu, 2024, "Transformers are SSMs", §7 and Listing 1)
+#
+# h_t = e^{Δ_t a_h} h_{t-1} + Δ_t x_t B_tᵀ,   y_t = h_t C_t + skip_h x_t   per head h:
+# h (P, d_state), a_h = -exp(A_log_h) one scalar per head (Mamba's is one per channel and
+# state), x_t (P,), B_t, C_t (d_state,) shared by the heads (one group).
+# Both forms take (x, delta, a, Bm, Cm, state=None, chunk_size): x (B, T, H, P), delta
+# (B, T, H), a (H,), Bm, Cm (B, T, d_state), state h (B, H, P, d_state) before the first
+# position (None: 0). Each returns (y without the skip term, h after the last position).
+
+
+def ssd_recurrent(x, delta, a, Bm, Cm, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, T, H, P = x.shape
+    h = x.new_zeros(B, H, P, Bm.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        decay = torch.exp(delta[:, t] * a)[:, :, None, None]                 # (B, H, 1, 1)
+        h = decay * h + (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
+        out.append(h @ Cm[:, t, None, :, None])                               # (B, H, P, 1)
+    return torch.cat(out, -1).permute(0, 3, 1, 2), h                          # (B, T, H, P)
+
+
+def ssd_chunked(x, delta, a, Bm, Cm, state=None, chunk_size=64):
+    """The SSD algorithm (Listing 1): a scalar decay per head makes a chunk's map a masked
+    attention, y_i = Σ_{j<=i} (C_i·B_j) e^{s_i - s_j} Δ_j x_j with s the running sum of Δa,
+    computed as matrix products; the state carries across the n chunks (n Python steps),
+    read as e^{s_i} C_i h and updated as e^{s_C} h + Σ_j e^{s_C - s_j} Δ_j x_j B_jᵀ. Every
+    exponent is <= 0. Costs B·H·T·C·(d_state + P) inside chunks and 2·B·H·T·P·d_state
+    across them."""
+    C = min(chunk_size, x.shape[1])
+    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
+    B, Tp, H, P = x.shape
+    n, d_state = Tp // C, Bm.shape[-1]
+    u = (delta[..., None] * x).view(B, n, C, H, P).permute(0, 3, 1, 2, 4)    # (B, H, n, C, P)
+    s = (delta * a).view(B, n, C, H).permute(0, 3, 1, 2).cumsum(-1)          # (B, H, n, C)
+    Bc, Cc = Bm.view(B, 1, n, C, d_state), Cm.view(B, 1, n, C, d_state)
+    below = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
+    decay = torch.where(below, s[..., :, None] - s[..., None, :], -math.inf).exp()
+    y = ((Cc @ Bc.transpose(-1, -2)) * decay) @ u                            # (B, H, n, C, P)
+    write = (s[..., -1:] - s).exp()[..., None] * u                           # (B, H, n, C, P)
+    h = x.new_zeros(B, H, P, d_state) if state is None else state
+    past = []
+    for c in range(n):
+        past.append(s[:, :, c, :, None].exp() * (Cc[:, :, c] @ h.transpose(-1, -2)))
+        h = s[:, :, c, -1, None, None].exp() * h + write[:, :, c].transpose(-1, -2) @ Bc[:, :, c]
+    y = y + torch.stack(past, 2)
+    return y.permute(0, 2, 3, 1, 4).reshape(B, Tp, H, P)[:, :T], h
+
+
+SSD_IMPLS = {"fast": ssd_chunked, "reference": ssd_recurrent}
+
+
+class Mamba2(Mixer):
+    """The Mamba-2 layer (Dao & Gu, 2024; mamba_ssm's Mamba2Simple): one projection to
+    (z, x, B, C, Δ); a short causal depthwise convolution and SiLU on (x, B, C); Δ =
+    softplus(Δ + dt_bias) per head; the SSD recurrence above with skip; RMSNorm(y ⊙ SiLU(z))
+    (norm after the gate, as Mamba2Simple); an output projection.
+
+    Defaults: expand 2, d_state 64, headdim 64 (H = expand·d / headdim heads; None: 64, or
+    d_inner where that is smaller), conv 4, one group of B and C. Initialised as Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in
+    [1e-3, 1e-1] through dt_bias, skip = 1, the conv as PyTorch draws an nn.Conv1d; no
+    biases in the projections. `keeps_own_init`: a model's initialisation leaves it so.
+    State of `step`: h, H·P·d_state numbers, and the last conv inputs,
+    min(t, d_conv - 1)·(d_inner + 2·d_state).
+    To copy: this class, ssd_chunked and ssd_recurrent (with _pad_to_chunks), causal_conv
+    (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
+    """
+
+    keeps_own_init = True
+
+    def __init__(self, d_model, seq_len, d_state=64, expand=2, headdim=None, d_conv=4,
+                 impl="fast", chunk_size=64):
+        super().__init__()
+        d_inner = expand * d_model if isinstance(expand, int) else 0
+        headdim = min(64, d_inner) if headdim is None and d_inner > 0 else headdim
+        for name, value in (("d_state", d_state), ("expand", expand), ("headdim", headdim),
+                            ("d_conv", d_conv), ("chunk_size", chunk_size)):
+            check_positive(name, value)
+        if d_inner % headdim:
+            raise ValueError(f"headdim={headdim} is not allowed with d_model={d_model}, "
+                             f"expand={expand}: it must divide d_inner = {d_inner}")
+        check_choice("impl", impl, tuple(SSD_IMPLS))
+        H = d_inner // headdim
+        self.impl, self.chunk_size, self.d_state, self.headdim = impl, chunk_size, d_state, headdim
+        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * d_state + H, bias=False)
+        conv_dim = d_inner + 2 * d_state
+        self.conv_weight = nn.Parameter(torch.empty(conv_dim, d_conv))
+        self.conv_bias = nn.Parameter(torch.empty(conv_dim))
+        conv1d_init_(self.conv_weight, self.conv_bias, fan_in=d_conv)
+        dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
+        self.A_log = nn.Parameter(torch.log(torch.empty(H).uniform_(1, 16)))
+        self.skip = nn.Parameter(torch.ones(H))
+        self.norm = nn.RMSNorm(d_inner, eps=1e-5)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def _mix(self, u, state, scan):
+        """u (B, T, d) after `state` (None, or (h, the conv's past inputs)): (y, new state)."""
+        B, T, _ = u.shape
+        d_inner = self.out_proj.in_features
+        z, xBC, dt = self.in_proj(u).split([d_inner, d_inner + 2 * self.d_state,
+                                            self.skip.shape[0]], dim=-1)
+        xBC, past = causal_conv(xBC, self.conv_weight, state=None if state is None else state[1])
+        x, Bm, Cm = F.silu(xBC + self.conv_bias).split([d_inner, self.d_state, self.d_state], -1)
+        x = x.unflatten(-1, (-1, self.headdim))                              # (B, T, H, P)
+        delta = F.softplus(dt + self.dt_bias)                                # (B, T, H)
+        y, h = scan(x, delta, -torch.exp(self.A_log), Bm, Cm,
+                    None if state is None else state[0], chunk_size=self.chunk_size)
+        y = (y + self.skip[:, None] * x).flatten(-2)                         # (B, T, d_inner)
+        return self.out_proj(self.norm(y * F.silu(z))), (h, past)
+
+    def forward(self, x):
+        return self._mix(x, None, SSD_IMPLS[self.impl])[0]
+
+    def step(self, x_t, state=None):
+        y, state = self._mix(x_t[:, None], state, ssd_recurrent)
+        return y[:, 0], state
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        d_inner = self.out_proj.in_features
+        conv = min(t, self.conv_weight.shape[1] - 1) * self.conv_weight.shape[0]
+        return d_inner * self.d_state + conv
+
+
+# ----------------------------------------------------------------------------------------
+# DeltaNet and Gated DeltaNet (Schlag et al., 2021; Yang et al., 2024, "Parallelizing
+# Linear Transformers with the Delta Rule"; Yang et al., 2025, "Gated Delta Networks")
+#
+# S_t = α_t (I - β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ,   o_t = S_tᵀ q_t   per head: S (dk, dv)
+# (α_t = 1: DeltaNet). With u_t = β_t (v_t - (α_t S_{t-1})ᵀ k_t) the update is
+# S_t = α_t S_{t-1} + k_t u_tᵀ: each step writes the correction of what the state recalls
+# for k_t. Both forms take (q, k, v, beta, log_alpha, state=None, chunk_size): q, k
+# (B, H, T, dk), v (B, H, T, dv), beta, log_alpha (B, H, T) (log_alpha None: DeltaNet),
+# state S (B, H, dk, dv) before the first position (None: 0). Each returns (o, S after the
+# last position). The layers scale q by dk^-1/2 before (as flash-linear-attention does).
+
+
+def delta_rule_recurrent(q, k, v, beta, log_alpha=None, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, H, T, dk = q.shape
+    S = q.new_zeros(B, H, dk, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        if log_alpha is not None:
+            S = log_alpha[:, :, t, None, None].exp() * S
+        k_t = k[:, :, t]
+        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k_t))
+        S = S + k_t[..., None] * u[..., None, :]
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
+    return torch.stack(out, 2), S                                            # (B, H, T, dv)
+
+
+def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=64):
+    """The chunkwise form (the WY representation of Yang et al., 2024, with the gate of
+    Yang et al., 2025). In a chunk of C, with γ the running sum of log α from its start and
+    S_0 the state entering it, the corrections solve a unit lower-triangular system,
+        (I + diag(β) L) U = diag(β) (V - diag(e^γ) K S_0),  L_jm = e^{γ_j - γ_m} k_j·k_m (m < j),
+    so U = U_0 - W S_0 (U_0, W: one triangular solve for all chunks at once); then
+        O = P U + diag(e^γ) Q S_0,   P_im = e^{γ_i - γ_m} q_i·k_m (m <= i),
+        S_C = e^{γ_C} S_0 + (K ⊙ e^{γ_C - γ})ᵀ U.
+    Only the last two run chunk by chunk (n Python steps of matrix products); every
+    exponent is <= 0. Costs B·H·T·C·(dk + dv) for the chunks' matrices and the solve.
+    """
+    C = min(chunk_size, q.shape[2])
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    beta, _ = _pad_to_chunks(beta, C, 2)                     # padding: β = 0, nothing written
+    B, H, Tp, dk = q.shape
+    n, dv = Tp // C, v.shape[-1]
+    q, k = q.view(B, H, n, C, dk), k.view(B, H, n, C, dk)
+    v, beta = v.view(B, H, n, C, dv), beta.view(B, H, n, C, 1)
+    if log_alpha is None:
+        gamma = q.new_zeros(B, H, n, C)
+    else:
+        gamma = _pad_to_chunks(log_alpha, C, 2)[0].view(B, H, n, C).cumsum(-1)
+    ratio = gamma[..., :, None] - gamma[..., None, :]                        # γ_i - γ_m
+    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    L = torch.where(strict, ratio, -math.inf).exp() * (k @ k.transpose(-1, -2))
+    system = torch.eye(C, dtype=q.dtype, device=q.device) + beta * L
+    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
+                                                      unitriangular=True)
+    U0, W = solve(beta * v), solve(beta * gamma.exp()[..., None] * k)
+    P = torch.where(strict | torch.eye(C, dtype=torch.bool, device=q.device), ratio,
+                    -math.inf).exp() * (q @ k.transpose(-1, -2))             # (B, H, n, C, C)
+    O0, read = P @ U0, gamma.exp()[..., None] * q - P @ W
+    write = k * (gamma[..., -1:] - gamma).exp()[..., None]
+    S = q.new_zeros(B, H, dk, dv) if state is None else state
+    out = []
+    for c in range(n):
+        out.append(O0[:, :, c] + read[:, :, c] @ S)
+        U = U0[:, :, c] - W[:, :, c] @ S
+        S = gamma[:, :, c, -1, None, None].exp() * S + write[:, :, c].transpose(-1, -2) @ U
+    return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
+
+
+DELTA_RULE_IMPLS = {"fast": delta_rule_chunked, "reference": delta_rule_recurrent}
+
+
+class DeltaNet(Mixer):
+    """DeltaNet (Yang et al., 2024, as flash-linear-attention's DeltaNet layer): q, k, v
+    projections, each through a short causal convolution (K = 4, no bias) and SiLU; q and
+    k L2-normalised per head (so that each step's β k kᵀ is a projection, and the state
+    stays bounded); β = σ(x W_β) per head; the delta rule above; an RMSNorm of each head's
+    output; an output projection. No bias but none: every projection is bias-free.
+    State of `step`: S, H·dk·dv numbers (dk = dv = d/H), and the three convolutions' last
+    inputs, 3·d·min(t, K - 1).
+    To copy: this class, delta_rule_chunked and delta_rule_recurrent (with _pad_to_chunks),
+    causal_conv (with the forms in CONV_IMPLS), conv1d_init_, _at_least_float32 and Mixer.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
+                 chunk_size=64):
+        super().__init__()
+        check_divides("num_heads", num_heads, d_model)
+        check_positive("conv_size", conv_size)
+        check_positive("chunk_size", chunk_size)
+        check_choice("impl", impl, tuple(DELTA_RULE_IMPLS))
+        self.num_heads, self.impl, self.chunk_size = num_heads, impl, chunk_size
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model, bias=False)
+                                                 for _ in range(3))
+        self.conv_weight = nn.Parameter(torch.empty(3 * d_model, conv_size))   # q, k, v
+        conv1d_init_(self.conv_weight, fan_in=conv_size)
+        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.norm = nn.RMSNorm(d_model // num_heads, eps=1e-5)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def _log_alpha(self, x):
+        return None                                        # DeltaNet: no decay
+
+    def _output(self, o, x):
+        return self.norm(o)
+
+    def _mix(self, x, state, rule):
+        """x (B, T, d) after `state` (None, or (S, the convolutions' past inputs))."""
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        qkv, past = causal_conv(qkv, self.conv_weight, state=None if state is None else state[1])
+        q, k, v = (heads(t) for t in F.silu(qkv).chunk(3, -1))              # (B, H, T, dh)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        beta = torch.sigmoid(self.b_proj(x)).transpose(1, 2)                 # (B, H, T)
+        log_alpha = self._log_alpha(x)
+        # under autocast too: the triangular solve has no bfloat16 kernel
+        q, k, v, beta = _at_least_float32(q, k, v, beta)
+        o, S = rule(q * q.shape[-1] ** -0.5, k, v, beta, log_alpha,
+                    None if state is None else state[0], chunk_size=self.chunk_size)
+        o = self._output(o, x).transpose(1, 2).flatten(-2)                   # (B, T, d)
+        return self.out_proj(o), (S, past)
+
+    def forward(self, x):
+        return self._mix(x, None, DELTA_RULE_IMPLS[self.impl])[0]
+
+    def step(self, x_t, state=None):
+        y, state = self._mix(x_t[:, None], state, delta_rule_recurrent)
+        return y[:, 0], state
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        d = self.out_proj.in_features
+        return d * d // self.num_heads + min(t, self.conv_weight.shape[1] - 1) * 3 * d
+
+
+class GatedDeltaNet(DeltaNet):
+    """Gated DeltaNet (Yang et al., 2025, as flash-linear-attention's GatedDeltaNet layer):
+    DeltaNet's layer with a decay per head and step, Mamba-2's,
+    log α = -exp(A_log)·softplus(x W_a + dt_bias) (A from U(0, 16), Δ log-uniform in
+    [1e-3, 1e-1] through dt_bias), and an output gate: RMSNorm(o) ⊙ SiLU(x W_g).
+    State of `step`: as DeltaNet's.
+    To copy: this class, DeltaNet and what it needs.
+    """
+
+    def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
+                 chunk_size=64):
+        super().__init__(d_model, seq_len, num_heads, conv_size, impl, chunk_size)
+        self.a_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.g_proj = nn.Linear(d_model, d_model, bias=False)
+        dt = torch.exp(torch.rand(num_heads) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))       # softplus⁻¹(dt)
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(0, 16)))
+
+    def _log_alpha(self, x):
+        return (-self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)).transpose(1, 2)
+
+    def _output(self, o, x):
+        gate = self.g_proj(x).unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        return self.norm(o) * F.silu(gate)
+
+
+# ----------------------------------------------------------------------------------------
+# RWKV-7 "Goose" (Peng et al., 2025): a delta rule with a diagonal decay and an in-context
+# learning rate
+#
+# S_t = (Diag(w_t) - κ̂_t (a_t ⊙ κ̂_t)ᵀ) S_{t-1} + k̃_t v_tᵀ,   o_t = S_tᵀ r_t
+# per head: S (dk, dv) (the paper's transposed), w_t = e^{log w_t} the decay per key channel,
+# κ̂ the L2-normalised removal key, a the in-context learning rate, k̃ the replacement key.
+# As a diagonal-plus-low-rank update: S_t = Diag(w_t) S_{t-1} + β_t (αᵀ_t S_{t-1}) + k̃_t v_tᵀ
+# with α = -κ̂, β = κ̂ ⊙ a (flash-linear-attention's dplr form). Both forms take
+# (r, k, v, log_w, alpha, beta, state=None, chunk_size): r, k, log_w, alpha, beta
+# (B, H, T, dk), v (B, H, T, dv), state S (B, H, dk, dv). Each returns (o, S after the last
+# position).
+
+
+def dplr_recurrent(r, k, v, log_w, alpha, beta, state=None, chunk_size=None):
+    """The recurrence as written, one position at a time (T Python steps)."""
+    B, H, T, dk = r.shape
+    S = r.new_zeros(B, H, dk, v.shape[-1]) if state is None else state
+    out = []
+    for t in range(T):
+        recalled = torch.einsum("bhk,bhkv->bhv", alpha[:, :, t], S)          # αᵀ S_{t-1}
+        S = (log_w[:, :, t, :, None].exp() * S + beta[:, :, t, :, None] * recalled[:, :, None]
+             + k[:, :, t, :, None] * v[:, :, t, None, :])
+        out.append(torch.einsum("bhk,bhkv->bhv", r[:, :, t], S))
+    return torch.stack(out, 2), S                                            # (B, H, T, dv)
+
+
+def dplr_chunked(r, k, v, log_w, alpha, beta, state=None, chunk_size=16):
+    """The chunkwise form. In a chunk of C, with γ_i the running sum of log w from its start
+    (per key channel) and S_0 the state entering it, the recalled values z_j = α_jᵀ S_{j-1}
+    solve a unit lower-triangular system,
+        (I - A_αβ) Z = A_αk V + (α ⊙ e^{γ_{j-1}}) S_0,
+    A_αx[j, m] = Σ_c α_jc x_mc e^{γ_{j-1,c} - γ_mc} (m < j), so Z = Z_0 + W S_0; then
+        O = A_rβ Z + A_rk V + (r ⊙ e^γ) S_0,   A_rx[i, m] = Σ_c r_ic x_mc e^{γ_ic - γ_mc} (m <= i),
+        S_C = e^{γ_C} ⊙ S_0 + Σ_m e^{γ_C - γ_m} ⊙ (β_m z_mᵀ + k_m v_mᵀ).
+    The pairwise decays are (C, C, dk) tables (a per-channel decay has no rank-1 form that
+    is stable, as GLA's); every exponent is <= 0. Only the state runs chunk by chunk.
+    """
+    C = min(chunk_size, r.shape[2])
+    (r, T), (k, _), (v, _), (alpha, _), (beta, _) = (_pad_to_chunks(t, C, 2)
+                                                     for t in (r, k, v, alpha, beta))
+    log_w, _ = _pad_to_chunks(log_w, C, 2)                   # padding: decay 1, nothing written
+    B, H, Tp, dk = r.shape
+    n, dv = Tp // C, v.shape[-1]
+    r, k, alpha, beta, log_w = (t.view(B, H, n, C, dk) for t in (r, k, alpha, beta, log_w))
+    v = v.view(B, H, n, C, dv)
+    gamma = log_w.cumsum(3)                                                  # γ_i, inclusive
+    before = gamma - log_w                                                   # γ_{j-1}
+    strict = torch.ones(C, C, dtype=torch.bool, device=r.device).tril(-1)[..., None]
+    upto = torch.ones(C, C, dtype=torch.bool, device=r.device).tril()[..., None]
+
+    def pairs(x, gx, y, mask):        # A[i, m] = Σ_c x_ic y_mc e^{gx_ic - γ_mc} on the mask
+        decay = torch.where(mask, gx[..., :, None, :] - gamma[..., None, :, :], -math.inf).exp()
+        return torch.einsum("bhnic,bhnmc,bhnimc->bhnim", x, y, decay)
+
+    A_ab, A_ak = pairs(alpha, before, beta, strict), pairs(alpha, before, k, strict)
+    A_rb, A_rk = pairs(r, gamma, beta, upto), pairs(r, gamma, k, upto)
+    system = torch.eye(C, dtype=r.dtype, device=r.device) - A_ab
+    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
+                                                      unitriangular=True)
+    Z0, W = solve(A_ak @ v), solve(alpha * before.exp())                    # Z = Z0 + W S_0
+    O0, read = A_rb @ Z0 + A_rk @ v, r * gamma.exp() + A_rb @ W
+    fade = (gamma[..., -1:, :] - gamma).exp()                                # e^{γ_C - γ_m}
+    S = r.new_zeros(B, H, dk, dv) if state is None else state
+    out = []
+    for c in range(n):
+        out.append(O0[:, :, c] + read[:, :, c] @ S)
+        Z = Z0[:, :, c] + W[:, :, c] @ S
+        S = (gamma[:, :, c, -1, :, None].exp() * S
+             + (fade[:, :, c] * beta[:, :, c]).transpose(-1, -2) @ Z
+             + (fade[:, :, c] * k[:, :, c]).transpose(-1, -2) @ v[:, :, c])
+    return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
+
+
+DPLR_IMPLS = {"fast": dplr_chunked, "reference": dplr_recurrent}
+
+
+class LoRA(nn.Module):
+    """x -> (activation(x W_down)) W_up (+ bias): RWKV-7's low-rank maps."""
+
+    def __init__(self, d_in, d_out, rank, activation=None, bias=True):
+        super().__init__()
+        self.down = nn.Linear(d_in, rank, bias=False)
+        self.up = nn.Linear(rank, d_out, bias=bias)
+        self.activation = activation
+
+    def forward(self, x):
+        h = self.down(x)
+        return self.up(h if self.activation is None else self.activation(h))
+
+
+class RWKV7(Mixer):
+    """RWKV-7 time mixing (Peng et al., 2025), as flash-linear-attention's RWKV7Attention,
+    an educational core: no value residual (the first layer's v, mixed into the others' v,
+    which needs the model to pass it between layers), no fused kernels.
+
+    Token shift: x_* = x + (x_{t-1} - x) ⊙ μ_* for r, w, k, v, a, g. r, k, v projections;
+    log w = -e^{-1/2}·σ(LoRA_w(x_w)) (a decay per key channel, in (e^{-e^{-1/2}}, 1));
+    a = σ(LoRA_a(x_a)); κ̂ = L2norm(k ⊙ k_k) per head; k̃ = k ⊙ (1 + (a - 1) ⊙ k_a); the
+    recurrence above with α = -κ̂, β = κ̂ ⊙ a; GroupNorm per head; a bonus
+    (Σ_c r ⊙ k̃ ⊙ r_k) v per head; times g = LoRA_g(x_g) (a sigmoid inside); W_o.
+    LoRA ranks as fla's (32 at d <= 163). Initialised as fla's first layer (its values
+    depend on the layer's depth; ours are layer 0's): the mixes 1 - (n/d)^p (p = 0.2 for r
+    and g, 0.9 for w and a, 0.7 for k and v), k_k = 0.71 - 0.1·(n/(d-1) - 1/2), k_a =
+    1.02, r_k = -0.04, the decay's bias -6 + 6n/(d-1) + 1/2 + 2.5·zigzag (zigzag over each
+    head's channels, from -1 to 1, squared with its sign), a's bias -0.19 + 0.3·zigzag +
+    0.4·(n/(d-1) - 1/2), r, k (gain 0.1), v orthogonal; the output projection is left as
+    PyTorch draws it (fla zeroes it, which leaves every other parameter without a gradient
+    at the first step). `keeps_own_init`: a model's initialisation leaves it so.
+    State of `step`: S, H·dk·dv numbers, and the previous input, d.
+    To copy: this class, LoRA, dplr_chunked and dplr_recurrent (with _pad_to_chunks),
+    _at_least_float32 and Mixer.
+    """
+
+    keeps_own_init = True
+
+    def __init__(self, d_model, seq_len, num_heads=None, head_dim=64, impl="fast",
+                 chunk_size=16):
+        super().__init__()
+        head_dim = d_model // num_heads if num_heads is not None else min(head_dim, d_model)
+        check_divides("head_dim", head_dim, d_model)
+        check_positive("chunk_size", chunk_size)
+        check_choice("impl", impl, tuple(DPLR_IMPLS))
+        d, H = d_model, d_model // head_dim
+        self.num_heads, self.impl, self.chunk_size = H, impl, chunk_size
+        rank = lambda c: max(32, int(round(c * d ** 0.5 * head_dim / 64 / 32) * 32))
+        self.mix = nn.Parameter(torch.zeros(6, d))                # μ for r, w, k, v, a, g
+        self.k_k, self.k_a = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
+        self.r_k = nn.Parameter(torch.zeros(H, head_dim))
+        self.r_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nn.Linear(d, d, bias=False) for _ in range(4))
+        self.w_lora = LoRA(d, d, rank(2.5), torch.tanh)
+        self.a_lora = LoRA(d, d, rank(2.5))
+        self.g_lora = LoRA(d, d, max(32, int(round(5 * d ** 0.5 / 32) * 32)), torch.sigmoid,
+                           bias=False)
+        self.norm = nn.GroupNorm(H, d, eps=head_dim * 1e-5)
+        n = torch.arange(d, dtype=torch.float32)
+        linear = n / max(d - 1, 1) - 0.5
+        zigzag = ((n % head_dim) - (head_dim - 1) / 2) / max((head_dim - 1) / 2, 1)
+        zigzag = zigzag * zigzag.abs()
+        with torch.no_grad():
+            powers = torch.tensor([0.2, 0.9, 0.7, 0.7, 0.9, 0.2])[:, None]
+            self.mix.copy_(1 - (n / d) ** powers)
+            self.k_k.fill_(0.71).sub_(0.1 * linear)
+            self.k_a.fill_(1.02), self.r_k.fill_(-0.04)
+            self.w_lora.up.bias.copy_(-6 + 6 * (linear + 0.5) + 0.5 + 2.5 * zigzag)
+            self.a_lora.up.bias.copy_(-0.19 + 0.3 * zigzag + 0.4 * linear)
+        for proj, gain in ((self.r_proj, 1.0), (self.k_proj, 0.1), (self.v_proj, 1.0)):
+            nn.init.orthogonal_(proj.weight, gain=gain)
+
+    def _mix(self, x, x_prev, state, rule):
+        """x (B, T, d) after the previous inputs x_prev (B, T, d): (y, S after x)."""
+        B, T, d = x.shape
+        xr, xw, xk, xv, xa, xg = (x + (x_prev - x) * mu for mu in self.mix)
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
+        log_w = -math.exp(-0.5) * torch.sigmoid(self.w_lora(xw))
+        a = torch.sigmoid(self.a_lora(xa))
+        kk = F.normalize(heads(k * self.k_k), dim=-1)                        # κ̂
+        k = k * (1 + (a - 1) * self.k_a)                                     # k̃
+        r, k, log_w, a = (heads(t) for t in (r, k, log_w, a))
+        # under autocast too: the triangular solve has no bfloat16 kernel
+        r, k, v, log_w, kk, a = _at_least_float32(r, k, heads(v), log_w, kk, a)
+        o, S = rule(r, k, v, log_w, -kk, kk * a, state, chunk_size=self.chunk_size)
+        o = self.norm(o.transpose(1, 2).reshape(B * T, d)).view(B, T, d)
+        bonus = (r * k * self.r_k[:, None]).sum(-1, keepdim=True) * v        # (B, H, T, dv)
+        o = (o + bonus.transpose(1, 2).flatten(-2)) * self.g_lora(xg)
+        return self.out_proj(o), S
+
+    def forward(self, x):
+        x_prev = F.pad(x, (0, 0, 1, -1))                                     # token shift
+        return self._mix(x, x_prev, None, DPLR_IMPLS[self.impl])[0]
+
+    def step(self, x_t, state=None):
+        S, x_prev = (None, torch.zeros_like(x_t)) if state is None else state
+        y, S = self._mix(x_t[:, None], x_prev[:, None], S, dplr_recurrent)
+        return y[:, 0], (S, x_t)
+
+    def state_size(self, t):
+        if t == 0:
+            return 0
+        d = self.out_proj.in_features
+        return d * d // self.num_heads + d
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: one plain dict
 
 MIXERS = {
@@ -1940,7 +2762,28 @@ MIXERS = {
     "mamba": Mamba,
     "selective_attention": SelectiveAttention,
     "input_dependent_conv": InputDependentConv,
+    "gla": GLA,
+    "mamba2": Mamba2,
+    "deltanet": DeltaNet,
+    "gated_deltanet": GatedDeltaNet,
+    "rwkv7": RWKV7,
 }
+# form="official": the official code's layer, where Figure 2 trained another than the paper's
+OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,
+                  "rwkv": OfficialRWKV, "selective_attention": OfficialSelectiveAttention}
+
+
+def mixer_class(name, form="paper"):
+    """The class of mixer `name` in `form`: "paper" (MIXERS) or, where the official code
+    trained another layer for a figure, "official" (OFFICIAL_FORMS)."""
+    check_choice("mixer", name, tuple(MIXERS))
+    check_choice("form", form, ("paper", "official") if name in OFFICIAL_FORMS else ("paper",))
+    return OFFICIAL_FORMS[name] if form == "official" else MIXERS[name]
+
+
+def build_mixer(name, d_model, seq_len, form="paper", **options):
+    """MIXERS[name](d_model, seq_len, **options), or its official form (mixer_class)."""
+    return mixer_class(name, form)(d_model, seq_len, **options)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1979,8 +2822,8 @@ def bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
         x = torch.randn(B, T, d)
         for name, kwargs in rows:
             label = name + "".join(f" {k}={v}" for k, v in kwargs.items())
-            fast = MIXERS[name](d, T, impl="fast", **kwargs)
-            ref = MIXERS[name](d, T, impl="reference", **kwargs)
+            fast = build_mixer(name, d, T, impl="fast", **kwargs)
+            ref = build_mixer(name, d, T, impl="reference", **kwargs)
             ref.load_state_dict(fast.state_dict())
             extra = {"tokens": torch.randint(0, 16, (B, T))} if fast.takes_tokens else {}
             tf, tr = (_forward_seconds(partial(m, **extra), x) for m in (fast, ref))

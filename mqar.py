@@ -280,7 +280,7 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
     token_ids = torch.as_tensor(token_ids).flatten().unique()
     check_int("num_examples", num_examples, 0, "an integer >= 0")
     check_int("seq_len", seq_len, 4, "an integer >= 4")
-    check_int("num_pairs", num_pairs, 1, f"an integer >= 1 with 4*num_pairs <= seq_len")
+    check_int("num_pairs", num_pairs, 1, "an integer >= 1 with 4*num_pairs <= seq_len")
     if 4 * num_pairs > seq_len:
         raise ValueError(f"num_pairs={num_pairs} is not allowed with seq_len={seq_len}: "
                          f"4*num_pairs must be <= seq_len (at most {seq_len // 4})")

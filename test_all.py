@@ -2,10 +2,11 @@
 
 Run with `python -m pytest -q test_all.py` (the README's test command). Statistical tests use
 fixed seeds and state their thresholds; tolerances are explicit at each assert.
-Symbols are the paper's, as in the modules (N sequence length, D key-value pairs, d width),
-with one exception: the mixer tests call a mixer's width D, because their written-out
-formulas loop over channels with d (mixers.py calls the width d and its sequence length T).
+Symbols are the paper's, as in the modules: N sequence length, D key-value pairs, d width;
+T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A written-out
+formula loops over channels with ch.
 """
+import ast
 import dataclasses
 import inspect
 import itertools
@@ -420,9 +421,9 @@ def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
 # ----------------------------------------------------------------------------------------
 # mixers.py: helpers
 
-def make_mixer(name, D=16, T=24, dtype=F64, seed=0, **kwargs):
+def make_mixer(name, d=16, T=24, dtype=F64, seed=0, **kwargs):
     torch.manual_seed(seed)
-    return MIXERS[name](D, T, **kwargs).to(dtype)
+    return mixers.build_mixer(name, d, T, **kwargs).to(dtype)
 
 
 def token_ids(x, c=4):
@@ -431,17 +432,20 @@ def token_ids(x, c=4):
 
 
 def mix(mixer, x):
-    """mixer(x), with token_ids(x) for a mixer that takes token ids."""
+    """mixer(x), with token_ids(x) for a mixer that takes token ids; torch's generator
+    seeded first (the random selection control draws its rows from it)."""
+    torch.manual_seed(0)
     return mixer(x, tokens=token_ids(x)) if mixer.takes_tokens else mixer(x)
 
 
 def run_steps(mixer, x, **per_token):
-    """Run `step` over a whole sequence; returns (outputs (B, T, D), states after each t).
+    """Run `step` over a whole sequence; returns (outputs (B, T, d), states after each t).
 
     per_token: extra (B, T) inputs handed to step one position at a time (token ids);
     token_ids(x) by default for a mixer that takes token ids."""
     if mixer.takes_tokens and not per_token:
         per_token = {"token": token_ids(x)}
+    torch.manual_seed(0)                                          # as mix
     state, ys, states = None, [], []
     for t in range(x.shape[1]):
         y, state = mixer.step(x[:, t], state, **{k: v[:, t] for k, v in per_token.items()})
@@ -453,6 +457,8 @@ def run_steps(mixer, x, **per_token):
 # every mixer with its defaults, and the options that change the code path it takes
 CASES = [(name, {}) for name in MIXERS] + [
     ("attention", dict(num_heads=4)),
+    ("attention", dict(rotary=True, num_heads=2)),
+    ("attention", dict(short_conv=3)),
     ("sliding_window", dict(window=5)),
     ("sliding_window", dict(window=1)),
     ("sliding_window", dict(window=5, num_heads=4)),
@@ -463,7 +469,6 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("long_conv", dict(filter="implicit")),
     ("long_conv", dict(filter="mlp")),
     ("base_conv", dict(kernel_size=3)),
-    ("base_conv", dict(filter="implicit")),
     ("base_conv", dict(form="official")),
     ("base_conv", dict(form="official", kernel_size=3)),
     ("base_conv", dict(form="official", filter="explicit")),
@@ -488,6 +493,11 @@ CASES = [(name, {}) for name in MIXERS] + [
     ("selective_attention", dict(selection="programmatic")),
     ("input_dependent_conv", dict(filters="autocorrelation")),
     ("input_dependent_conv", dict(filters="autocorrelation", num_lags=1)),
+    ("gla", dict(num_heads=2, expand_k=1.0, chunk_size=5)),
+    ("mamba2", dict(d_state=4, headdim=4, chunk_size=5)),
+    ("deltanet", dict(num_heads=2, chunk_size=5)),
+    ("gated_deltanet", dict(num_heads=2, chunk_size=5, conv_size=1)),
+    ("rwkv7", dict(num_heads=4, chunk_size=5)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -554,8 +564,8 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
     """The DEFAULT options (RetNet's chunk of 32, the others' 64) on T = 150: three chunks or
     more, so that a state is carried over two chunk boundaries (at T = 24, CASES never
     crosses a default chunk)."""
-    fast = make_mixer(name, D=8, T=150, impl="fast")
-    ref = make_mixer(name, D=8, T=150, impl="reference")
+    fast = make_mixer(name, d=8, T=150, impl="fast")
+    ref = make_mixer(name, d=8, T=150, impl="reference")
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 150, 8, dtype=F64)
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
@@ -569,20 +579,25 @@ def test_gradients_reach_every_parameter(name, kw):
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
 
-@pytest.mark.parametrize("name", MIXERS)
-def test_a_registered_mixer_provides_the_interface(name):
+@pytest.mark.parametrize("name, form", [(name, "paper") for name in MIXERS] +
+                         [(name, "official") for name in mixers.OFFICIAL_FORMS])
+def test_a_registered_mixer_provides_the_interface(name, form):
     """What adding a mixer takes: a Mixer subclass built as cls(d_model, seq_len, **options)
-    with a default for every option, boolean class facts, forward and step on (B, T, D) and
-    (B, D), a tuple state with batch first, no state before the first token, and an
-    aux_loss that is None or a scalar after forward."""
-    cls = MIXERS[name]
+    with a default for every option, boolean class facts, forward and step on (B, T, d) and
+    (B, d), a tuple state with batch first, no state before the first token, and an
+    aux_loss that is None or a scalar after forward. An official form is a class of its
+    own, not the paper's."""
+    cls = mixers.mixer_class(name, form)
+    assert (cls is MIXERS[name]) == (form == "paper")
     assert issubclass(cls, mixers.Mixer)
     d_model, seq_len, *options = inspect.signature(cls).parameters.values()
     assert (d_model.name, seq_len.name) == ("d_model", "seq_len")
     assert all(p.default is not p.empty for p in options), "every option has a default"
     for fact in ("uses_positions", "takes_tokens", "keeps_own_init", "rescale_out_proj"):
         assert isinstance(getattr(cls, fact), bool), fact
-    m = cls(16, 24)
+    # the official selection's default rule (top-k of the whole sequence) has no step
+    m = cls(16, 24, **({"inference": "threshold"}
+                       if cls is mixers.OfficialSelectiveAttention else {}))
     x, tokens = torch.randn(3, 24, 16), torch.randint(0, 5, (3, 24))
     extra = {"tokens": tokens} if cls.takes_tokens else {}
     assert m(x, **extra).shape == (3, 24, 16)
@@ -590,6 +605,89 @@ def test_a_registered_mixer_provides_the_interface(name):
     y_t, state = m.step(x[:, 0], None, **({"token": tokens[:, 0]} if cls.takes_tokens else {}))
     assert y_t.shape == (3, 16) and isinstance(state, tuple)
     assert all(s.shape[0] == 3 for s in state) and m.state_size(0) == 0
+
+
+def definitions_needed(name, path=Path(mixers.__file__)):
+    """The module-level definitions of mixers.py that `name` uses, and those they use, and so
+    on: what a reader copies to use it elsewhere."""
+    definitions = {}
+    for node in ast.parse(path.read_text()).body:
+        targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                   [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
+        definitions.update(dict.fromkeys(targets, node))
+    needed, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n not in needed and n in definitions and n != "MIXERS":
+            needed.add(n)
+            todo += [m.id for m in ast.walk(definitions[n]) if isinstance(m, ast.Name)]
+    return needed - {name}
+
+
+@pytest.mark.parametrize("name", MIXERS)
+def test_a_paper_form_copies_without_the_official_machinery(name):
+    """A paper form uses no official class, function or filter (the official forms are
+    classes of their own), looks up a filter by name only where a filter is an option
+    (long_conv), and the "To copy:" line of its docstring names only what it uses."""
+    cls = MIXERS[name]
+    needed = definitions_needed(cls.__name__)
+    # long_conv's filter="mlp" is the official BaseConv's filter, over the official features
+    official = {n for n in needed if "official" in n.lower()}
+    assert official == ({"OFFICIAL_FREQUENCIES"} if name == "long_conv" else set()), needed
+    assert ("FILTERS" in needed) == (name == "long_conv")
+    copy_line = re.search(r"To copy: (.*?)\.", " ".join(cls.__doc__.split()))
+    assert copy_line, f"{cls.__name__}'s docstring says what to copy"
+    words = set(re.findall(r"\w+", copy_line.group(1)))
+    names = {w for w in words if not re.fullmatch("[a-z]+", w)}    # code, not English
+    assert names <= needed, names - needed
+
+
+def test_the_copy_of_a_paper_form_is_smaller_than_before_the_official_forms_moved_out():
+    """BaseConv used 18 definitions (268 lines) while the official forms were branches of its
+    class; on its own it uses the causal convolution, one filter and Mixer."""
+    assert definitions_needed("BaseConv") == {
+        "base_conv", "ExplicitFilter", "causal_conv", "causal_conv_direct", "causal_conv_fft",
+        "causal_conv_fast", "CONV_IMPLS", "SHORT_FILTER", "Mixer", "check_choice",
+        "check_positive"}
+
+
+def test_initial_values_are_the_ones_the_papers_fix():
+    """What each paper fixes at initialisation, checked on the module as built (a one-line
+    change of any of them trains another model and no formula test would see it)."""
+    m = mixers.Mamba(64, 32, d_state=16)                        # Mamba (Gu & Dao, §3.6)
+    n = torch.arange(1, 17.0)
+    assert torch.equal(m.A_log, torch.log(n).repeat(128, 1)) and torch.equal(m.skip, torch.ones(128))
+    dt = F.softplus(m.dt_bias)
+    assert 1e-3 <= dt.min() < 2e-3 and 0.05 < dt.max() <= 0.1       # log-uniform in [1e-3, 1e-1]
+    r = m.dt_proj.in_features
+    assert r == 4 and m.dt_proj.weight.abs().max() <= r ** -0.5 < 2 * m.dt_proj.weight.abs().max()
+    h3 = mixers.H3(16, 32, d_state=8)                           # S4D-Lin
+    assert torch.allclose(-h3.log_neg_A_re.exp(), torch.full((16, 4), -0.5))
+    assert torch.allclose(h3.A_im, math.pi * torch.arange(4.0).repeat(16, 1))
+    assert 1e-3 <= h3.log_dt.exp().min() and h3.log_dt.exp().max() <= 0.1
+    rwkv = mixers.RWKV(9, 32)                                   # RWKV-4's ramps
+    ramp = torch.arange(9.0) / 8
+    assert torch.allclose(rwkv.w_log, -5 + 8 * ramp ** 0.7)
+    assert torch.allclose(rwkv.u, torch.full((9,), math.log(0.3)))
+    assert all(torch.equal(mu, ramp) for mu in (rwkv.mix_r, rwkv.mix_k, rwkv.mix_v))
+    retnet = mixers.RetNet(16, 32, num_heads=4)                 # γ_h = 1 - 2^(-5-h)
+    assert torch.equal(retnet.gamma, 1 - 2.0 ** -torch.arange(5, 9.0))
+    sel = mixers.SelectiveAttention(16, 32)                     # every row on: σ(2) ≈ 0.88
+    assert torch.equal(sel.gate, torch.zeros(16)) and sel.gate_bias.item() == 2.0
+    m2 = mixers.Mamba2(64, 32, headdim=16)                      # Mamba2Simple: a ~ -U(1, 16)
+    a = m2.A_log.exp()
+    assert m2.A_log.shape == (8,) and 1 <= a.min() and a.max() <= 16 and a.std() > 1
+    assert torch.equal(m2.skip, torch.ones(8)) and 1e-3 <= F.softplus(m2.dt_bias).min()
+    assert F.softplus(m2.dt_bias).max() <= 0.1
+    gdn = mixers.GatedDeltaNet(16, 32, num_heads=4)             # Mamba-2's gate: A ~ U(0, 16)
+    assert gdn.A_log.exp().max() <= 16 and 1e-3 <= F.softplus(gdn.dt_bias).min()
+    r7 = mixers.RWKV7(8, 32, num_heads=2)                       # fla's first layer
+    n = torch.arange(8.0)
+    assert torch.allclose(r7.mix[0], 1 - (n / 8) ** 0.2) and torch.allclose(r7.mix[1], 1 - (n / 8) ** 0.9)
+    assert torch.allclose(r7.k_k, 0.71 - 0.1 * (n / 7 - 0.5)) and torch.all(r7.k_a == 1.02)
+    zigzag = torch.tensor([-1.0, -1 / 9, 1 / 9, 1.0]).repeat(2)    # ((n mod 4) - 1.5) / 1.5, signed square
+    assert torch.allclose(r7.w_lora.up.bias, -6 + 6 * n / 7 + 0.5 + 2.5 * zigzag)
+    assert torch.allclose(r7.k_proj.weight @ r7.k_proj.weight.T, 0.01 * torch.eye(8), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------
@@ -704,12 +802,38 @@ def test_blocked_attention_is_attention_on_each_block(impl, block_size):
         assert not torch.allclose(attn(x), y, atol=1e-6), "blocks do change the output"
 
 
+def test_rotary_scores_depend_on_relative_positions_only():
+    """q·k after rotary at positions (i, j) equals it at (i + s, j + s), and differs from it
+    at (i, j + 1); each vector keeps its norm. An odd head size is refused."""
+    q, k = torch.randn(2, 1, 8, dtype=F64), torch.randn(2, 1, 8, dtype=F64)
+    score = lambda i, j: (mixers.rotary(q, torch.tensor([i])) *
+                          mixers.rotary(k, torch.tensor([j]))).sum(-1)
+    assert torch.allclose(score(3, 1), score(10, 8), atol=1e-12)
+    assert not torch.allclose(score(3, 1), score(3, 2))
+    assert torch.allclose(mixers.rotary(q, torch.tensor([5])).norm(dim=-1), q.norm(dim=-1))
+    with pytest.raises(ValueError, match="rotary=True is not allowed with a head size of 5"):
+        mixers.Attention(10, 8, num_heads=2, rotary=True)
+
+def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
+    """short_conv=3: attention(x + conv(x)), with the plain layer's weights; and the conv's
+    filter reaches 2 tokens back, so it changes the output."""
+    torch.manual_seed(0)
+    m = mixers.Attention(16, 24, short_conv=3).double()
+    plain = mixers.Attention(16, 24).double()
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("conv")})
+    x = torch.randn(2, 24, 16, dtype=F64)
+    with torch.no_grad():
+        assert torch.allclose(m(x), plain(x + m.conv(x)), atol=1e-12)
+        assert not torch.allclose(m(x), plain(x))
+    with pytest.raises(ValueError, match="short_conv=-1 is not allowed"):
+        mixers.Attention(16, 24, short_conv=-1)
+
 def test_window_and_block_states_have_the_documented_sizes():
-    D = 16
+    d = 16
     w = make_mixer("sliding_window", window=5)
     b = make_mixer("blocked_attention", block_size=5)
-    x = torch.randn(1, 24, D, dtype=F64)
-    for m, size in ((w, lambda t: 2 * min(t, 4) * D), (b, lambda t: 2 * (t % 5) * D)):
+    x = torch.randn(1, 24, d, dtype=F64)
+    for m, size in ((w, lambda t: 2 * min(t, 4) * d), (b, lambda t: 2 * (t % 5) * d)):
         _, states = run_steps(m, x)
         assert [mixers.state_numel(s) for s in states] == [size(t) for t in range(1, 25)]
 
@@ -719,24 +843,23 @@ def test_window_and_block_states_have_the_documented_sizes():
 
 def conv_by_numpy(u, h):
     """np.convolve per batch row and channel, truncated to the first T outputs."""
-    B, T, D = u.shape
-    y = np.zeros((B, T, D))
+    B, T, d = u.shape
+    y = np.zeros((B, T, d))
     for b in range(B):
-        for d in range(D):
-            y[b, :, d] = np.convolve(u[b, :, d].numpy(), h[d].numpy())[:T]
+        for ch in range(d):
+            y[b, :, ch] = np.convolve(u[b, :, ch].numpy(), h[ch].numpy())[:T]
     return torch.from_numpy(y)
 
 
 @pytest.mark.parametrize("T", [1, 7, 24, 33])
 @pytest.mark.parametrize("K", [1, 3, 16, 17, 24, 40])
 def test_causal_conv_forms_agree(T, K):
-    """The direct sum is np.convolve; the FFT and the fast choice are the direct sum, for
-    short filters as for long ones."""
+    """The direct sum is np.convolve, and the FFT is the direct sum, for short filters as for
+    long ones. (The fast form is one of the two by K: the next test.)"""
     u, h = torch.randn(2, T, 5, dtype=F64), torch.randn(5, K, dtype=F64)
     ref = mixers.causal_conv_direct(u, h)
     assert torch.allclose(ref, conv_by_numpy(u, h), atol=1e-12)
-    for form in (mixers.causal_conv_fft, mixers.causal_conv_fast):
-        assert torch.allclose(form(u, h), ref, atol=1e-12), form
+    assert torch.allclose(mixers.causal_conv_fft(u, h), ref, atol=1e-12)
 
 
 def test_causal_conv_fast_takes_the_direct_sum_for_short_filters_only(monkeypatch):
@@ -785,30 +908,30 @@ def test_implicit_filter_decays_as_documented():
 # BaseConv
 
 def test_base_conv_paper_form_is_the_formula():
-    """y[t, d] = (Σ_e u[t, e] W[e, d] + b1[t, d]) · (Σ_{s<=t} h[d, s] u[t-s, d] + b2[t, d])"""
-    T, D = 6, 3
-    m = make_mixer("base_conv", D=D, T=T, form="paper", filter="explicit")
+    """y[t, ch] = (Σ_e u[t, e] W[e, ch] + b1[t, ch]) · (Σ_{s<=t} h[ch, s] u[t-s, ch] + b2[t, ch])"""
+    T, d = 6, 3
+    m = make_mixer("base_conv", d=d, T=T)
     with torch.no_grad():
         m.b1.normal_(), m.b2.normal_()
-    u = torch.randn(2, T, D, dtype=F64)
+    u = torch.randn(2, T, d, dtype=F64)
     W, h, b1, b2 = m.proj.weight.T, m.filter.h, m.b1, m.b2
-    y = torch.zeros(2, T, D, dtype=F64)
+    y = torch.zeros(2, T, d, dtype=F64)
     for b in range(2):
         for t in range(T):
-            for d in range(D):
-                gate = sum(u[b, t, e] * W[e, d] for e in range(D)) + b1[t, d]
-                conv = sum(h[d, s] * u[b, t - s, d] for s in range(t + 1)) + b2[t, d]
-                y[b, t, d] = gate * conv
+            for ch in range(d):
+                gate = sum(u[b, t, e] * W[e, ch] for e in range(d)) + b1[t, ch]
+                conv = sum(h[ch, s] * u[b, t - s, ch] for s in range(t + 1)) + b2[t, ch]
+                y[b, t, ch] = gate * conv
     assert torch.allclose(m(u), y, atol=1e-12)
     assert torch.allclose(run_steps(m, u)[0], y, atol=1e-12)
 
 
 def conv1d_as_official(m, u, h, bias):
-    """What an official nn.Conv1d(D, D, K, groups=D, padding=K-1) returns on u (B, T, D),
-    its weight set from our filter h (D, K): PyTorch's conv1d is a cross-correlation, so
+    """What an official nn.Conv1d(d, d, K, groups=d, padding=K-1) returns on u (B, T, d),
+    its weight set from our filter h (d, K): PyTorch's conv1d is a cross-correlation, so
     its kernel is h reversed in time (h[:, s] weighs lag s)."""
-    D, K = h.shape
-    conv = torch.nn.Conv1d(D, D, K, groups=D, padding=K - 1).to(u.dtype)
+    d, K = h.shape
+    conv = torch.nn.Conv1d(d, d, K, groups=d, padding=K - 1).to(u.dtype)
     with torch.no_grad():
         conv.weight.copy_(h.flip(-1)[:, None, :])
         conv.bias.copy_(bias)
@@ -816,7 +939,7 @@ def conv1d_as_official(m, u, h, bias):
 
 
 def fft_conv_as_official(u, k):
-    """zoology/mixers/convolution.py's fft_conv on u (B, T, D), k (D, T), transcribed:
+    """zoology/mixers/convolution.py's fft_conv on u (B, T, d), k (d, T), transcribed:
     rfft of k over 2T divided by 2T, irfft with norm="forward", then + u."""
     T = u.shape[1]
     x = u.transpose(1, 2)
@@ -871,17 +994,17 @@ def test_positional_features_are_the_official_ones():
 def test_official_implicit_filter_is_hyenas_filter():
     """zoology/mixers/hyena.py's Filter at Figure 2's settings, transcribed: Linear, Sin,
     Linear, Sin, Linear, Sin (one learned frequency, shared), Linear without bias, times
-    exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, D)."""
-    D, L = 6, 30
+    exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, d)."""
+    d, L = 6, 30
     torch.manual_seed(0)
-    f = mixers.ImplicitFilter(D, L, form="official").double()
+    f = mixers.OfficialImplicitFilter(d, L).double()
     with torch.no_grad():
         f.frequency.uniform_(0.5, 2.0)
     assert f.z.requires_grad and len(f.layers) == 3 and f.layers[0].out_features == 64
     a = f.z
     for layer in f.layers:
         a = torch.sin(f.frequency * (a @ layer.weight.T + layer.bias))
-    delta = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, D, dtype=F64)
+    delta = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d, dtype=F64)
     t = torch.linspace(0, 1, L, dtype=F64)[:, None]
     h = (a @ f.out.weight.T) * torch.exp(-t * delta.abs())
     assert torch.allclose(f(), h.T, atol=1e-12)
@@ -902,18 +1025,18 @@ def test_base_conv_paper_form_rejects_longer_inputs():
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_hyena_is_algorithm_3(order):
     """A literal loop: projection, short conv, z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}), W_o."""
-    T, D = 6, 2
-    m = make_mixer("hyena", D=D, T=T, order=order)
-    u = torch.randn(1, T, D, dtype=F64)
-    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (L+1)·D)
+    T, d = 6, 2
+    m = make_mixer("hyena", d=d, T=T, order=order)
+    u = torch.randn(1, T, d, dtype=F64)
+    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (L+1)·d)
     g, hl = m.short_filter(), m.long_filter()
     short = [[sum(g[c, s] * proj[t - s, c] for s in range(min(t + 1, g.shape[1])))
-              for c in range((order + 1) * D)] for t in range(T)]
-    p = [[[short[t][l * D + d] for d in range(D)] for t in range(T)] for l in range(order)]
-    z = [[short[t][order * D + d] for d in range(D)] for t in range(T)]       # z^0 = v
+              for c in range((order + 1) * d)] for t in range(T)]
+    p = [[[short[t][l * d + ch] for ch in range(d)] for t in range(T)] for l in range(order)]
+    z = [[short[t][order * d + ch] for ch in range(d)] for t in range(T)]       # z^0 = v
     for l in range(order):
-        z = [[p[l][t][d] * sum(hl[l * D + d, s] * z[t - s][d] for s in range(t + 1))
-              for d in range(D)] for t in range(T)]
+        z = [[p[l][t][ch] * sum(hl[l * d + ch, s] * z[t - s][ch] for s in range(t + 1))
+              for ch in range(d)] for t in range(T)]
     y = torch.stack([torch.stack(row) for row in z]) @ m.out_proj.weight.T + m.out_proj.bias
     assert torch.allclose(m(u)[0], y, atol=1e-12)
 
@@ -921,20 +1044,20 @@ def test_hyena_is_algorithm_3(order):
 def test_hyena_official_form_is_the_official_operator():
     """zoology/mixers/hyena.py's forward, transcribed: in_proj, Conv1d(3D) with bias,
     x1, x2, v = split; v = v·x1; fftconv_ref: h ∗ v + bias·v; v·x2; out_proj."""
-    T, D = 24, 16
-    m = make_mixer("hyena", D=D, T=T, form="official")
-    u = torch.randn(2, T, D, dtype=F64)
+    T, d = 24, 16
+    m = make_mixer("hyena", d=d, T=T, form="official")
+    u = torch.randn(2, T, d, dtype=F64)
     uc = conv1d_as_official(m, m.in_proj(u), m.short_filter.h, m.short_bias)
-    x1, x2, v = uc.split(D, dim=-1)
+    x1, x2, v = uc.split(d, dim=-1)
     v = v * x1
-    k = m.long_filter()                                                      # (D, T)
+    k = m.long_filter()                                                      # (d, T)
     x = v.transpose(1, 2)
     k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
     y = torch.fft.irfft(torch.fft.rfft(x, n=2 * T) * k_f, n=2 * T, norm="forward")[..., :T]
     y = (y + x * m.bias[:, None]).transpose(1, 2) * x2
     assert torch.allclose(m(u), m.out_proj(y), atol=1e-12)
     with pytest.raises(ValueError, match="order=3 is not allowed with form='official'"):
-        mixers.Hyena(D, T, order=3, form="official")
+        mixers.build_mixer("hyena", d, T, form="official", order=3)
 
 
 # ----------------------------------------------------------------------------------------
@@ -946,7 +1069,7 @@ def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response(discretization)
     m = make_mixer("h3", d_state=8)
     log_dt, A, C, _ = m._ssm()
     T = 40
-    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)           # (D, T)
+    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)           # (d, T)
     x = torch.zeros(1, *A.shape, dtype=A.dtype)
     response = []
     for t in range(T):
@@ -993,22 +1116,22 @@ def test_ssm_bilinear_discretization_is_the_official_kernels():
 
 def test_h3_per_head_outer_product_is_the_formula():
     """y_hj[t] = Σ_i q_hi[t] (Σ_{s<=t} K_h[s] k̃_hi[t-s] v_hj[t-s] + D_h k̃_hi[t] v_hj[t])"""
-    T, D, hd = 5, 4, 2
-    m = make_mixer("h3", D=D, T=T, head_dim=hd, d_state=4, shift_size=2)
-    u = torch.randn(1, T, D, dtype=F64)
-    q, k, v = (u[0] @ m.qkv.weight.T + m.qkv.bias).split(D, dim=-1)          # (T, D)
+    T, d, hd = 5, 4, 2
+    m = make_mixer("h3", d=d, T=T, head_dim=hd, d_state=4, shift_size=2)
+    u = torch.randn(1, T, d, dtype=F64)
+    q, k, v = (u[0] @ m.qkv.weight.T + m.qkv.bias).split(d, dim=-1)          # (T, d)
     g = m.shift_filter()
     k = torch.stack([sum(g[:, s] * k[t - s] for s in range(min(t + 1, 2)))
                      for t in range(T)])                                     # shift SSM
     A = torch.complex(-m.log_neg_A_re.exp(), m.A_im)
     Kh = mixers.diagonal_ssm_kernel(m.log_dt, A, torch.complex(m.C_re, m.C_im), T)
-    y = torch.zeros(T, D, dtype=F64)
-    for h in range(D // hd):
+    y = torch.zeros(T, d, dtype=F64)
+    for h in range(d // hd):
         for j in range(hd):
             for t in range(T):
                 for i in range(hd):
                     kv = [k[r, h * hd + i] * v[r, h * hd + j] for r in range(T)]
-                    s = sum(Kh[h, l] * kv[t - l] for l in range(t + 1)) + m.D[h] * kv[t]
+                    s = sum(Kh[h, l] * kv[t - l] for l in range(t + 1)) + m.skip[h] * kv[t]
                     y[t, h * hd + j] += q[t, h * hd + i] * s
     assert torch.allclose(m(u)[0], m.out_proj(y), atol=1e-12)
 
@@ -1016,14 +1139,14 @@ def test_h3_per_head_outer_product_is_the_formula():
 def test_h3_official_form_is_the_official_layer():
     """zoology/mixers/h3/h3.py's forward (its non-fused path), transcribed at head_dim 2:
     k through the shift kernel plus ssm_k_D·k; kv = k ⊗ v per head as "b d1 d2 h l"; the
-    bilinear S4D kernel by FFT plus D·kv; mul_sum with q; channels in (d2, head) order;
+    bilinear S4D kernel by FFT plus skip·kv; mul_sum with q; channels in (d2, head) order;
     output_linear. Our shift filter holds the official C with ssm_k_D added to tap 0."""
-    T, D, hd = 24, 8, 2
-    H = D // hd
-    m = make_mixer("h3", D=D, T=T, form="official", head_dim=hd, d_state=24)
-    u = torch.randn(2, T, D, dtype=F64)
-    q, k, v = (t.transpose(1, 2) for t in m.qkv(u).split(D, dim=-1))         # (B, D, T)
-    ssm_k_D = torch.randn(D, dtype=F64)
+    T, d, hd = 24, 8, 2
+    H = d // hd
+    m = make_mixer("h3", d=d, T=T, form="official", head_dim=hd, d_state=24)
+    u = torch.randn(2, T, d, dtype=F64)
+    q, k, v = (t.transpose(1, 2) for t in m.qkv(u).split(d, dim=-1))         # (B, d, T)
+    ssm_k_D = torch.randn(d, dtype=F64)
     shift_C = m.shift_filter.h.clone()
     shift_C[:, 0] -= ssm_k_D
     k_f = torch.fft.rfft(shift_C, n=2 * T) * torch.fft.rfft(k, n=2 * T)
@@ -1038,10 +1161,10 @@ def test_h3_official_form_is_the_official_layer():
         0, 2, 3, 1, 4)                                                       # b d1 d2 h l
     kv_f = torch.fft.rfft(kv, n=2 * T) / (2 * T)
     y = torch.fft.irfft(kv_f * torch.fft.rfft(K, n=2 * T), n=2 * T, norm="forward")[..., :T]
-    y = y + kv * m.D[:, None]
+    y = y + kv * m.skip[:, None]
     y = (q.view(2, H, hd, 1, T).permute(0, 2, 3, 1, 4) * y).sum(1)           # b d2 h l
     y = y.reshape(2, hd * H, T).transpose(1, 2)                              # (d2, h) order
-    W = m.out_proj.weight.view(D, H, hd).transpose(1, 2).reshape(D, D)       # same order
+    W = m.out_proj.weight.view(d, H, hd).transpose(1, 2).reshape(d, d)       # same order
     assert torch.allclose(m(u), y @ W.T + m.out_proj.bias, atol=1e-12)
     bound = 1 / math.sqrt(24)
     assert m.shift_filter.h[:, 1:].abs().max() <= bound, "taps drawn as SSKernelShift's C"
@@ -1072,7 +1195,9 @@ def test_h3_state_does_not_grow():
     ("selective_attention", dict(form="softmax"), "form='softmax'"),
     ("selective_attention", dict(aux_weight=-1.0), "aux_weight=-1.0"),
     ("base_conv", dict(kernel_size=-1), "kernel_size=-1.*or None"),
-    ("base_conv", dict(filter="learned"), "filter='learned'"),
+    ("base_conv", dict(form="official", filter="learned"), "filter='learned'"),
+    ("base_conv", dict(form="paperish"), "form='paperish'"),
+    ("attention", dict(form="official"), "form='official'.*'paper'"),
     ("hyena", dict(order=0), "order=0"),
     ("hyena", dict(short_kernel_size=0), "short_kernel_size=0"),
     ("h3", dict(d_state=5), "d_state=5.*even"),
@@ -1090,9 +1215,9 @@ def test_h3_state_does_not_grow():
 ])
 def test_bad_arguments_name_the_argument(name, kwargs, match):
     with pytest.raises(ValueError, match=rf"{match}"):
-        MIXERS[name](16, 24, **kwargs)
+        mixers.build_mixer(name, 16, 24, **kwargs)
     with pytest.raises(ValueError, match="allowed"):
-        MIXERS[name](16, 24, **kwargs)
+        mixers.build_mixer(name, 16, 24, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["long_conv", "base_conv", "hyena"])
@@ -1121,11 +1246,42 @@ def recurrence(name, T, seed=0):
     if name == "based":
         q, k, v = r(2, 2, T, 4), r(2, 2, T, 4), r(2, 2, T, 3)
         return mixers.BASED_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t], **kw)
-    x, Bm, Cm, A, D = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
+    if name == "gla":
+        # log decays from -0.01 to -300 a step across the key channels: at -300, e^{-b_j}
+        # (a form that divides by the decay) is past float64's range within two steps
+        q, k, v = r(2, 3, T, 6), r(2, 3, T, 6), r(2, 3, T, 4)
+        scale = torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
+        log_alpha = -r(2, 3, T, 6).exp() * scale
+        return mixers.GLA_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t],
+                                                       log_alpha[:, :, t], **kw)
+    if name == "ssd":
+        # Δ·a from -0.01 to -300 a step across the heads, as for the scans above
+        x, Bm, Cm = r(2, T, 4, 3), r(2, T, 5), r(2, T, 5)
+        a = -torch.tensor([0.01, 1.0, 30.0, 300.0], dtype=F64)
+        delta = r(2, T, 4).exp()
+        return mixers.SSD_IMPLS, lambda f, t, **kw: f(x[:, t], delta[:, t], a, Bm[:, t],
+                                                       Cm[:, t], **kw)
+    if name == "delta_rule":
+        # unit keys (the layers L2-normalise them), β in (0, 1), log decays down to -300
+        q, k, v = r(2, 4, T, 5), F.normalize(r(2, 4, T, 5), dim=-1), r(2, 4, T, 3)
+        beta = torch.sigmoid(r(2, 4, T))
+        log_alpha = -r(2, 4, T).exp() * torch.tensor([0.01, 1.0, 30.0, 300.0],
+                                                      dtype=F64)[:, None]
+        return mixers.DELTA_RULE_IMPLS, lambda f, t, **kw: f(
+            q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], log_alpha[:, :, t], **kw)
+    if name == "dplr":
+        # RWKV-7's: α = -κ̂, β = κ̂ ⊙ a with κ̂ unit and a in (0, 1); log decays to -300
+        r_, k, v = r(2, 3, T, 4), r(2, 3, T, 4), r(2, 3, T, 3)
+        kk, a = F.normalize(r(2, 3, T, 4), dim=-1), torch.sigmoid(r(2, 3, T, 4))
+        log_w = -r(2, 3, T, 4).exp() * torch.tensor([0.01, 1.0, 30.0, 300.0], dtype=F64)
+        return mixers.DPLR_IMPLS, lambda f, t, **kw: f(
+            r_[:, :, t], k[:, :, t], v[:, :, t], log_w[:, :, t], -kk[:, :, t],
+            (kk * a)[:, :, t], **kw)
+    x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
     return mixers.SCAN_IMPLS, lambda f, t, **kw: f(x[:, t], delta[:, t], A, Bm[:, t], Cm[:, t],
-                                                   D, **kw)
+                                                   d, **kw)
 
 
 def comparable(state):
@@ -1135,25 +1291,29 @@ def comparable(state):
     return state if isinstance(state, tuple) else (state,)
 
 
-@pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan"])
+@pytest.mark.parametrize("name", ["wkv", "retention", "based", "selective_scan", "gla",
+                                  "ssd", "delta_rule", "dplr"])
 def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_state(name):
-    """Every form (chunk sizes 1, 4 and 8 across T = 29, ragged last chunk; 64 > T), run
-    whole or in two pieces with the state handed on, gives the reference's outputs and
-    final state."""
+    """Every other form (chunk sizes 1, 4 and 8 across T = 29, ragged last chunk; 64 > T)
+    gives the reference's outputs and final state; every form, the reference too, run in
+    two pieces with the state handed on gives what it gives run whole."""
     T, cut_at = 29, 11
     forms, run = recurrence(name, T)
     y, state = run(forms["reference"], slice(None))
-    for form in forms.values():
+    close = lambda a, b: torch.allclose(a, b, atol=1e-10, rtol=1e-10)
+    dim = 1 if name in ("wkv", "selective_scan", "ssd") else 2
+    for key, form in forms.items():
         for C in (1, 4, 8, 64):
             y_whole, s_whole = run(form, slice(None), chunk_size=C)
             y1, s1 = run(form, slice(0, cut_at), chunk_size=C)
             y2, s2 = run(form, slice(cut_at, T), state=s1, chunk_size=C)
-            assert torch.allclose(y_whole, y, atol=1e-10, rtol=1e-10), (form, C)
-            dim = 1 if name in ("wkv", "selective_scan") else 2
-            assert torch.allclose(torch.cat([y1, y2], dim), y, atol=1e-10, rtol=1e-10), (form, C)
-            for got in (s_whole, s2):
-                for a, b in zip(comparable(got), comparable(state), strict=True):
-                    assert torch.allclose(a, b, atol=1e-10, rtol=1e-10), (form, C)
+            assert close(torch.cat([y1, y2], dim), y_whole), (key, C)
+            assert all(close(a, b) for a, b in zip(comparable(s2), comparable(s_whole),
+                                                   strict=True)), (key, C)
+            if key != "reference":
+                assert close(y_whole, y), (key, C)
+                assert all(close(a, b) for a, b in zip(comparable(s_whole), comparable(state),
+                                                       strict=True)), (key, C)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1186,9 +1346,9 @@ def test_wkv_survives_keys_that_overflow_exp():
     the answer of the same keys shifted by a constant (the ratio is shift-invariant), and
     also handle keys that differ by thousands inside one chunk."""
     torch.manual_seed(0)
-    B, T, D = 2, 40, 4
-    k, v = torch.randn(B, T, D, dtype=F64), torch.randn(B, T, D, dtype=F64)
-    w, u = torch.rand(D, dtype=F64) + 0.1, torch.randn(D, dtype=F64)
+    B, T, d = 2, 40, 4
+    k, v = torch.randn(B, T, d, dtype=F64), torch.randn(B, T, d, dtype=F64)
+    w, u = torch.rand(d, dtype=F64) + 0.1, torch.randn(d, dtype=F64)
     naive = torch.exp(k[:, :1] + 1000)
     assert torch.isinf(naive).all(), "the test must use keys that overflow a naive form"
     want, _ = mixers.wkv_reference(w, u, k, v)
@@ -1197,7 +1357,7 @@ def test_wkv_survives_keys_that_overflow_exp():
             got, _ = wkv(w.to(dtype), u.to(dtype), (k + 1000).to(dtype), v.to(dtype))
             tol = 1e-10 if dtype == F64 else 1e-3
             assert torch.allclose(got.double(), want, atol=tol, rtol=tol)
-    wild = 1000 * torch.randn(B, T, D, dtype=F64)                              # spread ±3000
+    wild = 1000 * torch.randn(B, T, d, dtype=F64)                              # spread ±3000
     ref, fast = mixers.wkv_reference(w, u, wild, v)[0], mixers.wkv_chunked(w, u, wild, v, chunk_size=8)[0]
     assert torch.isfinite(ref).all() and torch.allclose(fast, ref, atol=1e-10, rtol=1e-10)
     # with keys this spread each row is (nearly) the v of its largest-score position
@@ -1215,20 +1375,20 @@ def test_rwkv_step_is_stable_over_a_long_sequence():
 
 def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
     """zoology/mixers/rwkv.py's RWKVTimeMixer.__init__ with n_layer=12, its loops transcribed."""
-    D = 16
+    d = 16
     for layer_id in (0, 1):
-        m = mixers.RWKV(D, 24, form="official", layer_idx=layer_id)
+        m = mixers.OfficialRWKV(d, 24, layer_idx=layer_id)
         r01, r10 = layer_id / (12 - 1), 1.0 - layer_id / 12
-        decay = [-5 + 8 * (h / (D - 1)) ** (0.7 + 1.3 * r01) for h in range(D)]
-        zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(D)]
-        x = [i / D for i in range(D)]
+        decay = [-5 + 8 * (h / (d - 1)) ** (0.7 + 1.3 * r01) for h in range(d)]
+        zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(d)]
+        x = [i / d for i in range(d)]
         for got, want in ((m.w_log, decay), (m.u, [math.log(0.3) + z for z in zigzag]),
                           (m.mix_k, [v ** r10 for v in x]),
                           (m.mix_v, [v ** r10 + 0.3 * r01 for v in x]),
                           (m.mix_r, [v ** (0.5 * r10) for v in x])):
             assert torch.allclose(got, torch.tensor(want), atol=1e-6)
     with pytest.raises(ValueError, match="layer_idx=-1"):
-        mixers.RWKV(D, 24, form="official", layer_idx=-1)
+        mixers.OfficialRWKV(d, 24, layer_idx=-1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1283,16 +1443,16 @@ def test_compact_taylor_feature_map_gives_the_same_kernel():
 def test_based_module_is_taylor_linear_attention_written_out(impl):
     """Head h: y_i = Σ_{j<=i} K_ij v_j / Σ_{j<=i} K_ij with K_ij = 1 + s + s²/2,
     s = q_i·k_j/√d' (φ(q)·φ(k) for φ(x) = [1, x/d'^¼, x⊗x/(√2·√d')]), then W_o; q and k
-    have d' features per head, v has D/H."""
-    T, H, d, hv = 12, 2, 4, 8
-    m = make_mixer("based", T=T, feature_dim=d, num_heads=H, impl=impl, chunk_size=5)
+    have d' features per head, v has d/H."""
+    T, H, dp, hv = 12, 2, 4, 8                                     # dp: Based's d'
+    m = make_mixer("based", T=T, feature_dim=dp, num_heads=H, impl=impl, chunk_size=5)
     x = torch.randn(2, T, 16, dtype=F64)
     q, k, v = (x @ lin.weight.T for lin in (m.q_proj, m.k_proj, m.v_proj))
     y = torch.empty(2, T, 16, dtype=F64)
     for h in range(H):
-        cq, cv = slice(h * d, (h + 1) * d), slice(h * hv, (h + 1) * hv)
+        cq, cv = slice(h * dp, (h + 1) * dp), slice(h * hv, (h + 1) * hv)
         for i in range(T):
-            s = (q[:, i:i + 1, cq] * k[:, :i + 1, cq]).sum(-1) / math.sqrt(d)      # (B, i+1)
+            s = (q[:, i:i + 1, cq] * k[:, :i + 1, cq]).sum(-1) / math.sqrt(dp)      # (B, i+1)
             a = 1 + s + s * s / 2
             y[:, i, cv] = (a[..., None] * v[:, :i + 1, cv]).sum(1) / a.sum(1, keepdim=True)
     assert torch.allclose(m(x), y @ m.out_proj.weight.T, atol=1e-12)
@@ -1305,31 +1465,341 @@ def test_based_state_size_counts_features_times_values_plus_normaliser():
 
 
 # ----------------------------------------------------------------------------------------
+# mixers.GLA
+
+def naive_recurrent_gla(q, k, v, gk, initial_state=None):
+    """flash-linear-attention's naive_recurrent_gla (fla/ops/gla/naive.py, commit bc3b101),
+    transcribed in float64: q, k, gk (B, T, H, K), v (B, T, H, V), q scaled by K^-1/2 inside;
+    h = h ⊙ e^{gk_i} + k_i v_iᵀ, o_i = Σ_K q_i h. Returns (o (B, T, H, V), h)."""
+    q, k, v, gk = (x.transpose(1, 2) for x in (q, k, v, gk))
+    B, H, T, K, V = *q.shape, v.shape[-1]
+    o = torch.zeros_like(v)
+    scale = K ** -0.5
+    h = q.new_zeros(B, H, K, V)
+    if initial_state is not None:
+        h += initial_state
+    for i in range(T):
+        q_i = q[:, :, i] * scale
+        k_i = k[:, :, i]
+        v_i = v[:, :, i]
+        gk_i = gk[:, :, i].exp()
+        kv_i = k_i[..., None] * v_i[..., None, :]
+        h = h * gk_i[..., None] + kv_i
+        o[:, :, i] = (q_i[..., None] * h).sum(-2)
+    return o.transpose(1, 2), h
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_gla_forms_are_flash_linear_attentions_naive_recurrence(impl):
+    """Both forms, from a state, against the transcription (the gate as the GLA layer makes
+    it: logsigmoid / 16)."""
+    B, T, H, K, V = 2, 19, 3, 4, 5
+    q, k, gk = (torch.randn(B, T, H, K, dtype=F64) for _ in range(3))
+    v, S0 = torch.randn(B, T, H, V, dtype=F64), torch.randn(B, H, K, V, dtype=F64)
+    gk = F.logsigmoid(gk) / 16
+    want, S = naive_recurrent_gla(q, k, v, gk, S0)
+    heads = lambda x: x.transpose(1, 2)
+    got, S_got = mixers.GLA_IMPLS[impl](heads(q) * K ** -0.5, heads(k), heads(v), heads(gk),
+                                        S0, chunk_size=4)
+    assert torch.allclose(heads(got), want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+
+
+def test_gla_module_is_the_papers_layer_written_out():
+    """q, k, v, g projections; log α = logsigmoid(x W_α1 W_α2 + b_α)/16; per head the
+    recurrence (the transcription); RMSNorm of each head's output (its own weight), times
+    swish(g), W_o. Every parameter perturbed so that each matters."""
+    T, d = 10, 16
+    m = make_mixer("gla", d=d, T=T, num_heads=2, chunk_size=3)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(2, T, d, dtype=F64)
+    split = lambda t: t.unflatten(-1, (2, -1))                             # (B, T, H, ·)
+    q, k, v = (split(x @ w.weight.T) for w in (m.q_proj, m.k_proj, m.v_proj))
+    gk = split(F.logsigmoid((x @ m.gate_down.weight.T) @ m.gate_up.weight.T + m.gate_up.bias) / 16)
+    o, _ = naive_recurrent_gla(q, k, v, gk)                                # (B, T, H, dv)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
+    g = x @ m.g_proj.weight.T
+    y = (o.flatten(-2) * g * torch.sigmoid(g)) @ m.out_proj.weight.T
+    assert torch.allclose(m(x), y, atol=1e-12)
+    assert m.state_size(T) == 2 * 4 * 8                                    # H·dk·dv
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.Mamba2
+
+def segsum(x):
+    """mamba_ssm/modules/ssd_minimal.py's segsum (commit e9594ce), transcribed: (..., T) ->
+    (..., T, T), entry (i, j) = x[j+1] + ... + x[i] for j <= i, -inf above."""
+    T = x.size(-1)
+    x = x[..., None].repeat_interleave(T, -1)                                # "... d -> ... d e"
+    mask = torch.tril(torch.ones(T, T, dtype=bool), diagonal=-1)
+    x = x.masked_fill(~mask, 0)
+    x_segsum = torch.cumsum(x, dim=-2)
+    mask = torch.tril(torch.ones(T, T, dtype=bool), diagonal=0)
+    return x_segsum.masked_fill(~mask, -torch.inf)
+
+
+def ssd_minimal_discrete(X, A, B, C, block_len, initial_states=None):
+    """ssd_minimal.py's ssd_minimal_discrete (Listing 1 of the paper), transcribed with
+    einops' rearranges written as reshapes: X (b, l, h, p), A (b, l, h), B, C (b, l, h, n)."""
+    b, l, h, p = X.shape
+    X, A, B, C = (t.reshape(b, l // block_len, block_len, *t.shape[2:]) for t in (X, A, B, C))
+    A = A.permute(0, 3, 1, 2)                                                 # b h c l
+    A_cumsum = torch.cumsum(A, dim=-1)
+    L = torch.exp(segsum(A))
+    Y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X)
+    decay_states = torch.exp(A_cumsum[:, :, :, -1:] - A_cumsum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_states, X)
+    if initial_states is None:
+        initial_states = torch.zeros_like(states[:, :1])
+    states = torch.cat([initial_states, states], dim=1)
+    decay_chunk = torch.exp(segsum(F.pad(A_cumsum[:, :, :, -1], (1, 0))))
+    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states, final_state = new_states[:, :-1], new_states[:, -1]
+    state_decay_out = torch.exp(A_cumsum)
+    Y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", C, states, state_decay_out)
+    return (Y_diag + Y_off).reshape(b, l, h, p), final_state
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_ssd_forms_are_the_papers_listing_1(impl):
+    """Both forms, from a state, against ssd_minimal_discrete, whose X is Δ·x and A is Δ·a
+    (B and C one group, broadcast to the heads)."""
+    b, l, h, p, n = 2, 12, 3, 4, 5
+    x, Bm, Cm = (torch.randn(b, l, h, p, dtype=F64), torch.randn(b, l, n, dtype=F64),
+                 torch.randn(b, l, n, dtype=F64))
+    delta, a = torch.rand(b, l, h, dtype=F64) + 0.1, -torch.rand(h, dtype=F64) - 0.5
+    h0 = torch.randn(b, h, p, n, dtype=F64)
+    want, final = ssd_minimal_discrete(delta[..., None] * x, delta * a,
+                                       Bm[:, :, None].expand(b, l, h, n),
+                                       Cm[:, :, None].expand(b, l, h, n), 4, h0[:, None])
+    got, h_got = mixers.SSD_IMPLS[impl](x, delta, a, Bm, Cm, h0, chunk_size=4)
+    assert torch.allclose(got, want, atol=1e-12) and torch.allclose(h_got, final, atol=1e-12)
+
+
+def test_mamba2_module_is_mamba2_simple_written_out():
+    """in_proj to (z, xBC, dt); depthwise causal conv with bias and SiLU on xBC; Δ =
+    softplus(dt + dt_bias); the SSD recurrence with a = -exp(A_log) and skip; norm after
+    the gate, RMSNorm(y ⊙ SiLU(z)) ⊙ w; out_proj. Every parameter perturbed."""
+    T, d, n, P = 9, 8, 4, 4
+    m = make_mixer("mamba2", d=d, T=T, d_state=n, headdim=P, chunk_size=4)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    u = torch.randn(2, T, d, dtype=F64)
+    z, xBC, dt = (u @ m.in_proj.weight.T).split([16, 16 + 2 * n, 4], -1)
+    K = m.conv_weight.shape[1]
+    xBC = F.silu(torch.stack([sum(m.conv_weight[:, s] * xBC[:, t - s] for s in range(min(K, t + 1)))
+                              for t in range(T)], 1) + m.conv_bias)
+    x, Bm, Cm = xBC.split([16, n, n], -1)
+    x = x.unflatten(-1, (4, P))                                              # (B, T, H, P)
+    delta, a = F.softplus(dt + m.dt_bias), -m.A_log.exp()
+    h, ys = torch.zeros(2, 4, P, n, dtype=F64), []
+    for t in range(T):
+        h = (delta[:, t] * a).exp()[..., None, None] * h + \
+            (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
+        ys.append((h * Cm[:, t, None, None, :]).sum(-1) + m.skip[:, None] * x[:, t])
+    y = torch.stack(ys, 1).flatten(-2) * F.silu(z)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
+    assert torch.allclose(m(u), y @ m.out_proj.weight.T, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.DeltaNet, mixers.GatedDeltaNet
+
+def delta_rule_recurrence(q, k, v, beta, initial_state=None):
+    """flash-linear-attention's delta_rule_recurrence (fla/ops/delta_rule/naive.py, commit
+    bc3b101), transcribed in float64: q, k (b, h, l, d_k), v (b, h, l, d_v), beta (b, h, l)."""
+    b, h, l, d_k = q.shape
+    d_v = v.shape[-1]
+    o = torch.zeros_like(v)
+    S = torch.zeros(b, h, d_k, d_v).to(v)
+    q = q * (d_k ** -0.5)
+    if beta.ndim < v.ndim:
+        beta = beta[..., None]
+    if initial_state is not None:
+        S += initial_state
+    for i in range(l):
+        _k = k[:, :, i]
+        _q = q[:, :, i]
+        _v = v[:, :, i].clone()
+        beta_i = beta[:, :, i]
+        _v = _v - (S.clone() * _k[..., None]).sum(-2)
+        _v = _v * beta_i
+        S = S.clone() + _k.unsqueeze(-1) * _v.unsqueeze(-2)
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", _q, S)
+    return o, S
+
+
+def naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=None):
+    """fla/ops/gated_delta_rule/naive.py's naive_recurrent_gated_delta_rule (commit
+    bc3b101), transcribed in float64: q, k (B, T, H, K), v (B, T, H, V), beta, g (B, T, H)."""
+    q, k, v, beta, g = (x.transpose(1, 2) for x in (q, k, v, beta, g))
+    B, H, T, K, V = *k.shape, v.shape[-1]
+    o = torch.zeros(B, H, T, V).to(v)
+    h = torch.zeros(B, H, K, V).to(v)
+    if initial_state is not None:
+        h = initial_state
+    q = q * (1 / (q.shape[-1] ** 0.5))
+    for i in range(T):
+        b_q = q[:, :, i]
+        b_k = k[:, :, i]
+        b_v = v[:, :, i].clone()
+        h = h.clone() * g[:, :, i].exp()[..., None, None]
+        b_beta = beta[:, :, i]
+        b_v = b_v - (h.clone() * b_k[..., None]).sum(-2)
+        b_v = b_v * b_beta[..., None]
+        h = h.clone() + b_k.unsqueeze(-1) * b_v.unsqueeze(-2)
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", b_q, h)
+    return o.transpose(1, 2), h
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_delta_rule_forms_are_flash_linear_attentions_naive_recurrences(impl):
+    """Both forms, from a state: without a gate against delta_rule_recurrence, with one
+    (as Gated DeltaNet makes it) against naive_recurrent_gated_delta_rule."""
+    b, h, l, dk, dv = 2, 3, 13, 4, 5
+    q, v = torch.randn(b, h, l, dk, dtype=F64), torch.randn(b, h, l, dv, dtype=F64)
+    k = F.normalize(torch.randn(b, h, l, dk, dtype=F64), dim=-1)
+    beta, S0 = torch.rand(b, h, l, dtype=F64), torch.randn(b, h, dk, dv, dtype=F64)
+    g = -torch.rand(h, dtype=F64)[:, None] * F.softplus(torch.randn(b, h, l, dtype=F64))
+    form = mixers.DELTA_RULE_IMPLS[impl]
+    want, S = delta_rule_recurrence(q, k, v, beta, S0)
+    got, S_got = form(q * dk ** -0.5, k, v, beta, None, S0, chunk_size=4)
+    assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+    T = lambda x: x.transpose(1, 2)
+    want, S = naive_recurrent_gated_delta_rule(T(q), T(k), T(v), T(beta), T(g), S0)
+    got, S_got = form(q * dk ** -0.5, k, v, beta, g, S0, chunk_size=4)
+    assert torch.allclose(T(got), want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_delta_rule_layers_are_written_out(name):
+    """q, k, v projections, a short causal conv and SiLU each, L2-normalised q and k, β =
+    σ(x W_β), (Gated: log α = -exp(A_log)·softplus(x W_a + dt_bias)), the recurrence (the
+    transcriptions), RMSNorm per head (Gated: times SiLU(x W_g)), W_o. All perturbed."""
+    T, d, H = 9, 8, 2
+    m = make_mixer(name, d=d, T=T, num_heads=H, conv_size=3, chunk_size=4)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    x = torch.randn(2, T, d, dtype=F64)
+    qkv = torch.cat([x @ p.weight.T for p in (m.q_proj, m.k_proj, m.v_proj)], -1)
+    w = m.conv_weight
+    qkv = F.silu(torch.stack([sum(w[:, s] * qkv[:, t - s] for s in range(min(3, t + 1)))
+                              for t in range(T)], 1))
+    split = lambda t: t.unflatten(-1, (H, -1))                             # (B, T, H, dh)
+    q, k, v = (split(t) for t in qkv.chunk(3, -1))
+    q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    beta = torch.sigmoid(x @ m.b_proj.weight.T)                            # (B, T, H)
+    g = (torch.zeros_like(beta) if name == "deltanet" else
+         -m.A_log.exp() * F.softplus(x @ m.a_proj.weight.T + m.dt_bias))
+    o, _ = naive_recurrent_gated_delta_rule(q, k, v, beta, g)              # (B, T, H, dh)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * m.norm.weight
+    if name == "gated_deltanet":
+        o = o * F.silu(split(x @ m.g_proj.weight.T))
+    assert torch.allclose(m(x), o.flatten(-2) @ m.out_proj.weight.T, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.RWKV7
+
+def dplr_recurrence(q, k, v, alpha, beta, gk, initial_state=None):
+    """flash-linear-attention's dplr_recurrence (fla/ops/generalized_delta_rule/dplr/
+    naive.py, commit bc3b101), transcribed in float64: q, k, alpha, beta, gk (b, h, l, d_k),
+    v (b, h, l, d_v); q scaled by d_k^-1/2 inside."""
+    b, h, l, d_k = q.shape
+    d_v = v.shape[-1]
+    o = torch.zeros_like(v)
+    S = torch.zeros(b, h, d_k, d_v).to(v)
+    q = q * (d_k ** -0.5)
+    if initial_state is not None:
+        S += initial_state
+    for i in range(l):
+        _k = k[:, :, i]
+        _q = q[:, :, i]
+        _v = v[:, :, i]
+        _alpha = alpha[:, :, i].clone()
+        _beta = beta[:, :, i].clone()
+        _kv = _k[..., None] * _v[..., None, :] + (S.clone() * _alpha[..., None]).sum(
+            -2, keepdim=True) * _beta[..., None]
+        S = S.clone() * gk[:, :, i].exp()[..., None] + _kv
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", _q, S)
+    return o, S
+
+
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_dplr_forms_are_flash_linear_attentions_naive_recurrence(impl):
+    """Both forms, from a state, against dplr_recurrence with RWKV-7's α = -κ̂, β = κ̂ ⊙ a."""
+    b, h, l, dk, dv = 2, 3, 13, 4, 5
+    r, k = torch.randn(b, h, l, dk, dtype=F64), torch.randn(b, h, l, dk, dtype=F64)
+    v, S0 = torch.randn(b, h, l, dv, dtype=F64), torch.randn(b, h, dk, dv, dtype=F64)
+    kk = F.normalize(torch.randn(b, h, l, dk, dtype=F64), dim=-1)
+    a, log_w = torch.rand(b, h, l, dk, dtype=F64), -0.6 * torch.rand(b, h, l, dk, dtype=F64)
+    want, S = dplr_recurrence(r, k, v, -kk, kk * a, log_w, S0)
+    got, S_got = mixers.DPLR_IMPLS[impl](r * dk ** -0.5, k, v, log_w, -kk, kk * a, S0,
+                                         chunk_size=4)
+    assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+
+
+def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
+    """Token shift and six mixes; r, k, v; log w = -e^{-1/2} σ(LoRA_w); a = σ(LoRA_a);
+    κ̂ = L2norm(k ⊙ k_k); k̃ = k ⊙ (1 + (a - 1) k_a); the recurrence (the transcription,
+    scale 1); GroupNorm per head; + (Σ r ⊙ k̃ ⊙ r_k) v; ⊙ g; W_o. All perturbed."""
+    T, d, H = 7, 8, 2
+    m = make_mixer("rwkv7", d=d, T=T, num_heads=H, chunk_size=3)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+    x = torch.randn(2, T, d, dtype=F64)
+    shifted = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
+    xr, xw, xk, xv, xa, xg = (x + (shifted - x) * m.mix[i] for i in range(6))
+    lora = lambda l, z, act: act(z @ l.down.weight.T) @ l.up.weight.T + (
+        l.up.bias if l.up.bias is not None else 0)
+    r, k, v = xr @ m.r_proj.weight.T, xk @ m.k_proj.weight.T, xv @ m.v_proj.weight.T
+    log_w = -math.exp(-0.5) * torch.sigmoid(lora(m.w_lora, xw, torch.tanh))
+    a = torch.sigmoid(lora(m.a_lora, xa, lambda z: z))
+    g = lora(m.g_lora, xg, torch.sigmoid)
+    heads = lambda t: t.unflatten(-1, (H, -1)).transpose(1, 2)             # (B, H, T, dh)
+    kk = heads(k * m.k_k)
+    kk = kk / kk.norm(dim=-1, keepdim=True)
+    k = k * (1 + (a - 1) * m.k_a)
+    o, _ = dplr_recurrence(heads(r) * 2, heads(k), heads(v), -kk, kk * heads(a), heads(log_w))
+    o = o.transpose(1, 2).reshape(2, T, d)                                   # (dh = 4: × 2 undoes the scale)
+    o = torch.nn.functional.group_norm(o.reshape(2 * T, d), H, m.norm.weight, m.norm.bias,
+                                       4e-5).view(2, T, d)
+    bonus = (heads(r) * heads(k) * m.r_k[:, None]).sum(-1, keepdim=True) * heads(v)
+    y = (o + bonus.transpose(1, 2).flatten(-2)) * g
+    assert torch.allclose(m(x), y @ m.out_proj.weight.T, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------
 # mixers.Mamba
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])
 def test_mamba_module_is_the_selective_ssm_written_out(impl):
     """Gu & Dao: (x, z) = in_proj(u); x' = SiLU(Σ_s conv_weight[:, s] x_{t-s} + conv_bias);
     (dt, B_t, C_t) = x_proj(x'); Δ = softplus(dt_proj(dt) + dt_bias); A = -exp(A_log);
-    h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x'_t; y_t = C_t·h_t + D x'_t; out_proj(y ⊙ SiLU(z)).
-    dt_bias, A_log, D and the conv bias perturbed so that each matters."""
+    h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t x'_t; y_t = C_t·h_t + skip x'_t; out_proj(y ⊙ SiLU(z)).
+    dt_bias, A_log, skip and the conv bias perturbed so that each matters."""
     T, silu = 10, torch.nn.functional.silu
-    m = make_mixer("mamba", D=8, T=T, impl=impl, chunk_size=4)
+    m = make_mixer("mamba", d=8, T=T, impl=impl, chunk_size=4)
     with torch.no_grad():
         m.dt_bias.normal_(0, 1), m.A_log.add_(torch.randn_like(m.A_log) / 2)
-        m.D.normal_(0, 1), m.conv_bias.normal_(0, 1)
+        m.skip.normal_(0, 1), m.conv_bias.normal_(0, 1)
     u = torch.randn(2, T, 8, dtype=F64)
     xs, z = (u @ m.in_proj.weight.T).chunk(2, -1)
-    N, r, K = m.A_log.shape[1], m.dt_proj.in_features, m.conv_weight.shape[1]
-    h, y = torch.zeros(2, xs.shape[-1], N, dtype=F64), []
+    d_state, r, K = m.A_log.shape[1], m.dt_proj.in_features, m.conv_weight.shape[1]
+    h, y = torch.zeros(2, xs.shape[-1], d_state, dtype=F64), []
     for t in range(T):
         x_t = silu(sum(m.conv_weight[:, s] * xs[:, t - s] for s in range(min(K, t + 1)))
                    + m.conv_bias)                                            # (B, d_inner)
-        dt, B_t, C_t = (x_t @ m.x_proj.weight.T).split([r, N, N], -1)
+        dt, B_t, C_t = (x_t @ m.x_proj.weight.T).split([r, d_state, d_state], -1)
         delta = torch.nn.functional.softplus(dt @ m.dt_proj.weight.T + m.dt_bias)
         h = torch.exp(delta[..., None] * -torch.exp(m.A_log)) * h + \
-            (delta * x_t)[..., None] * B_t[:, None, :]                      # (B, d_inner, N)
-        y.append(((h * C_t[:, None, :]).sum(-1) + m.D * x_t) * silu(z[:, t]))
+            (delta * x_t)[..., None] * B_t[:, None, :]                # (B, d_inner, d_state)
+        y.append(((h * C_t[:, None, :]).sum(-1) + m.skip * x_t) * silu(z[:, t]))
     assert torch.allclose(m(u), torch.stack(y, 1) @ m.out_proj.weight.T, atol=1e-12)
 
 
@@ -1412,7 +1882,7 @@ def test_chosen_lags_are_a_loop_over_the_prefix():
 
 def _one_hot_input_dependent_conv(c, filters, num_lags):
     """Thm 4.5's weights in the trainable layer: q = k = √c·u, v = u, W_o = I on one-hot u."""
-    m = make_mixer("input_dependent_conv", D=c, T=64, filters=filters, num_lags=num_lags)
+    m = make_mixer("input_dependent_conv", d=c, T=64, filters=filters, num_lags=num_lags)
     with torch.no_grad():
         eye = torch.eye(c, dtype=F64)
         m.qkv.weight.copy_(torch.cat([c ** 0.25 * eye, c ** 0.25 * eye, eye]))
@@ -1479,8 +1949,10 @@ def test_selective_attention_official_form_is_sigmoid_lookups():
     idx = torch.topk(sel, k=k, dim=1, sorted=False).indices.repeat(1, 1, 16)
     src = torch.gather(attn * sel, dim=1, index=idx)
     assert torch.allclose(m.eval()(x), x.clone().scatter_add_(1, idx, src), atol=1e-12)
-    with pytest.raises(ValueError, match="selection='programmatic' is not allowed"):
-        mixers.SelectiveAttention(16, T, selection="programmatic", form="official")
+    # the official layer is the learned selection: it has no other
+    with pytest.raises(ValueError, match="'selection=programmatic' of selective_attention is "
+                                         "not allowed"):
+        train.parse_layers("selective_attention:form=official:selection=programmatic", 1)
 
 
 def test_learned_gate_is_soft_in_training_and_hard_at_inference():
@@ -1493,35 +1965,49 @@ def test_learned_gate_is_soft_in_training_and_hard_at_inference():
     assert torch.equal(hard, (soft > 0.5).to(F64)) and 0 < hard.sum() < hard.numel()
 
 
-def test_random_selection_is_a_fixed_function_of_seed_and_position():
-    torch.manual_seed(0)
-    a = mixers.SelectiveAttention(16, 64, selection="random", seed=3).double()
-    b = mixers.SelectiveAttention(32, 64, selection="random", seed=3)
-    c = mixers.SelectiveAttention(16, 64, selection="random", seed=4)
-    assert torch.equal(a.random_rows, b.random_rows)
-    assert not torch.equal(a.random_rows, c.random_rows)
-    assert 0 < a.random_rows.sum() < 64
-    x = torch.randn(2, 30, 16, dtype=F64)
+def test_random_selection_draws_exactly_top_k_rows_afresh_for_every_example():
+    """Exactly top_k rows (default N/4) of every example, another set for every example and
+    every call, each row as likely as any other (over 4,000 examples, every position's
+    count within 5 standard deviations of its mean), whatever the tokens."""
+    T = 40
+    for top_k, k in ((None, T // 4), (7, 7)):
+        m = mixers.SelectiveAttention(8, T, selection="random", top_k=top_k).double().eval()
+        x = torch.randn(4000, T, 8, dtype=F64)
+        with torch.no_grad():
+            kept = (m(x) != 0).any(-1)                                        # (B, T)
+            again = (m(x) != 0).any(-1)
+        assert (kept.sum(-1) == k).all() and not torch.equal(kept, again)
+        assert len({tuple(row.tolist()) for row in kept[:100]}) == 100
+        mean, sd = 4000 * k / T, math.sqrt(4000 * k / T * (1 - k / T))
+        assert ((kept.sum(0) - mean).abs() < 5 * sd).all()
+    with pytest.raises(ValueError, match="T=41"):
+        m(torch.randn(1, 41, 8, dtype=F64))
+
+
+def test_programmatic_selection_on_mqar_and_its_budget():
+    """On MQAR with the filler 0, the plain rule keeps N - 2D - 1 rows of every example
+    (everything after the context but the filler's first occurrence); with a budget it
+    keeps the first repeat of each token: the D queries and the filler's second occurrence,
+    the first top_k of them."""
+    N, D = 64, 4
+    x, y = multiquery_ar(500, 256, N, D, seed=2)
+    plain = mixers.programmatic_selection(x)
+    assert (plain.sum(-1) == N - 2 * D - 1).all()
+    budget = mixers.first_repeats(x, N)
+    queries = y != IGNORE
+    assert (budget & queries).sum() == queries.sum() and (budget.sum(-1) == D + 1).all()
+    capped = mixers.first_repeats(x, 3)
+    assert (capped.sum(-1) == 3).all() and (capped <= budget).all()
+    first_three = budget.int().cumsum(-1) <= 3
+    assert torch.equal(capped, budget & first_three)
+    # the layer with a budget: step == forward, its state as state_size says, rows as above
+    m = mixers.SelectiveAttention(16, N, selection="programmatic", top_k=3).double().eval()
+    h = torch.randn(8, N, 16, dtype=F64)
     with torch.no_grad():
-        y, (ys, _) = a(x), run_steps(a, x)
-    rows = a.random_rows[:30]
-    assert torch.allclose(ys, y, atol=1e-12)
-    assert torch.equal(y[:, ~rows], torch.zeros_like(y[:, ~rows])) and (y[:, rows] != 0).all()
-    with pytest.raises(ValueError, match="T=65"):
-        a(torch.randn(1, 65, 16, dtype=F64))
-
-
-def test_random_selection_keeps_about_top_k_rows():
-    """Each row is kept with probability top_k/N, so the number kept is Binomial(N, top_k/N):
-    within 4 standard deviations of top_k (default N/4), at every seed."""
-    T = 400
-    x = torch.randn(1, T, 8, dtype=F64)
-    for top_k, k in ((None, T // 4), (40, 40)):
-        for seed in range(3):
-            m = mixers.SelectiveAttention(8, T, selection="random", top_k=top_k, seed=seed)
-            with torch.no_grad():
-                kept = (m.double()(x)[0] != 0).any(-1).sum().item()
-            assert abs(kept - k) < 4 * math.sqrt(k * (1 - k / T)), (top_k, seed, kept)
+        ys, states = run_steps(m, h, token=x[:8])
+        y = m(h, tokens=x[:8])
+    assert torch.allclose(ys, y, atol=1e-12) and torch.equal((y != 0).any(-1), capped[:8])
+    assert mixers.state_numel(states[-1]) == m.state_size(N) == 2 * N * 16 + N + 1
 
 
 def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
@@ -1586,7 +2072,7 @@ def test_parse_overrides_types_and_errors():
         train.parse_overrides(["lr=3"])
 
 
-def test_mixer_setting_gives_one_mixer_per_layer():
+def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
     layers = train.parse_layers("base_conv:kernel_size=3,base_conv", 2)
     assert layers == [("base_conv", {"kernel_size": 3}), ("base_conv", {})]
     assert train.parse_layers("hyena", 3) == [("hyena", {})] * 3
@@ -1600,8 +2086,18 @@ def test_mixer_setting_gives_one_mixer_per_layer():
         train.parse_layers("hyna", 2)
     with pytest.raises(ValueError, match="option 'kernel=3' of base_conv"):
         train.parse_layers("base_conv:kernel=3", 2)
-    with pytest.raises(ValueError, match="window"):
-        train.check_config(small_config(mixer="sliding_window:window=0"))
+    # an option's value is checked where the mixer is built, once: with the model, before
+    # a run trains or writes anything
+    with pytest.raises(ValueError, match="window=0 is not allowed"):
+        train.LanguageModel(small_config(mixer="sliding_window:window=0"))
+    assert train.main(["--mixer=sliding_window:window=0", f"--out_dir={tmp_path}"]) == 2
+    assert "window=0 is not allowed" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    # the setting is parsed once per config, and again only once it has changed
+    c = small_config(mixer="hyena")
+    assert c.layers is c.layers and "layers" not in dataclasses.asdict(c)
+    c.mixer = "h3"
+    assert c.layers == [("h3", {})] * c.n_layers
 
 
 @pytest.mark.parametrize("name", list(MIXERS))
@@ -1847,7 +2343,7 @@ def test_a_killed_run_resumes_exactly(tmp_path):
     assert last.returncode == 130 and json.loads(record.read_text())["ended"] == "max_steps"
     assert not list((tmp_path / "last").glob("*.ckpt"))
     # a checkpoint written on another device
-    moved = run("SIGKILL", 20, tmp_path / "moved", "--checkpoint_every=1e-9")
+    run("SIGKILL", 20, tmp_path / "moved", "--checkpoint_every=1e-9")
     [checkpoint] = (tmp_path / "moved").glob("*.ckpt")
     state = torch.load(checkpoint, weights_only=True)
     torch.save({**state, "device": "cuda"}, checkpoint)
@@ -2063,7 +2559,6 @@ def test_query_key_positions_find_each_querys_key():
     assert torch.equal(x[b, q], x[b, k]) and torch.equal(y[b, q], x[b, k + 1])
 
 
-
 def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
     """FIG2_EPOCHS_LRS is pilot_choice of the committed pilot: every rate of Figure 2's four
     for every model and width, read off the validation split."""
@@ -2071,11 +2566,41 @@ def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
     assert sorted({r["config"]["lr"] for r in records}) == list(train.PAPER_LRS)
     assert len(records) == 12 and train.FIG2_EPOCHS_LRS == train.pilot_choice(records)
 
+
+def test_a_selective_attention_run_records_the_rows_it_attends_at(tmp_path):
+    """selected_rows counts what each selection keeps on the test split: the random
+    control exactly top_k rows, programmatic N - 2D - 1 with every query among them."""
+    N, D = 32, 2
+    for selection, rows in (("random:top_k=5", 5), ("programmatic", N - 2 * D - 1)):
+        c = small_config(mixer=f"base_conv:kernel_size=3,selective_attention:selection={selection}",
+                         seq_len=N, num_kv_pairs=D, max_steps=2, out_dir=str(tmp_path))
+        [stats] = train.train(c)["selection"]
+        assert stats["rows"] == rows
+        if selection == "programmatic":
+            assert stats["coverage"] == 1 and math.isclose(stats["queries"], D / rows)
+        else:
+            assert 0 < stats["coverage"] < 1
+    assert "selection" not in train.train(small_config(max_steps=2, out_dir=str(tmp_path)))
+
+
+def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):
+    """fig2_lr: every (lr, seed) run is shown and counted, none chosen: 2 of 4 pass 0.9."""
+    monkeypatch.chdir(tmp_path)
+    for lr, seed, acc in ((1e-3, 0, 0.95), (1e-3, 1, 0.25), (3e-3, 0, 0.91), (3e-3, 1, 0.9)):
+        c = train.make_config(mixer="h3", label="h3", lr=lr, seed=seed, progress=False,
+                              out_dir="results/fig2_lr")
+        train.save_record({**fake_record(lr, seed, acc, acc), "config": dataclasses.asdict(c)},
+                          train.record_path(c))
+    [row] = train.markdown_table("fig2_lr").splitlines()[2:]
+    assert row == "| h3 | .950 .250 | .910 .900 | 2/4 |"
+    assert train.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
+
+
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
     "results/f2/retnet-N64-D4-d64-lr0.003-s0-dffdcad5.json",
-    "results/hybrids/base_conv-kernel_size3+selective_attention-selectionrandom-N64-D4-d64-"
-    "lr0.003-s0-0cb78f17.json"]
+    "results/hybrids/base_conv-kernel_size3+selective_attention-selectionprogrammatic-N64-D4-"
+    "d64-lr0.003-s0-38f1599b.json"]
 
 
 @pytest.mark.parametrize("name", REPLAYED_RECORDS)
@@ -2393,6 +2918,46 @@ def weights_of(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def test_llama_block_is_its_formula():
+    """block="rms_pre_norm" with mlp and rotary attention, no learned positions: the Llama
+    recipe. h = h + attention(RMSNorm₁(h)), h = h + W_o(silu(W_g a) ⊙ W_u a) with
+    a = RMSNorm₂(h), written out with the model's parameters; step agrees."""
+    c = small_config(mixer="attention:rotary=true", block="rms_pre_norm", mlp=True,
+                     position_embedding="none")
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).double().eval()
+    assert model.pos is None and model.blocks[0].mlp.gate.out_features == 88    # 8·⌈32/3⌉
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) / 2)
+    x, _ = mqar.multiquery_ar(2, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    rms = lambda h, norm: h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    with torch.no_grad():
+        h = model.embed.weight[x]
+        for b in model.blocks:
+            h = h + b.mixer(rms(h, b.norm1))
+            a = rms(h, b.norm2)
+            hidden = F.silu(a @ b.mlp.gate.weight.T) * (a @ b.mlp.up.weight.T)
+            h = h + hidden @ b.mlp.out_proj.weight.T
+        want = model.norm(h)
+        assert torch.allclose(model(x), want, atol=1e-12)
+        states, steps = None, []
+        for t in range(c.seq_len):
+            out, states = model.step(x[:, t], t, states)
+            steps.append(out)
+    assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
+
+def test_a_model_has_one_colour_in_every_figure():
+    """model_color: the same for a label every time (also one not listed), the same for the
+    two names of one model, different for different listed models, and an unlisted label
+    never takes a listed model's colour."""
+    listed = {label: train.model_color(label) for label in train.MODEL_COLORS}
+    assert listed["BaseConv"] == listed["base_conv"] and listed["attention"] != listed["h3"]
+    assert len(set(listed.values())) == len(set(train.MODEL_COLORS.values()))
+    assert train.model_color("a new mixer") == train.model_color("a new mixer")
+    assert train.model_color("a new mixer") not in listed.values()
+
 def test_normal_init_leaves_mixers_that_keep_their_own():
     c = small_config(mixer="mamba,hyena")
     torch.manual_seed(0)
@@ -2446,7 +3011,7 @@ def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
         same = torch.equal(before[k], after[k])
         assert same == (k.endswith(("in_proj.weight", "x_proj.weight", "dt_proj.weight",
                                     "conv_weight", "A_log", "dt_bias", "norm1.weight",
-                                    "norm.weight", "norm.bias", ".D", "conv_bias"))), k
+                                    "norm.weight", "norm.bias", ".skip", "conv_bias"))), k
 
 
 def test_figure2_preset_is_the_official_sweep():
@@ -2469,7 +3034,9 @@ def test_figure2_preset_is_the_official_sweep():
     assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
     assert train.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
     for name in train.FIGURE2_MIXERS:                  # every official model builds
-        train.LanguageModel(train.make_config(preset="figure2", mixer=name, d_model=16))
+        c = train.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
+        train.LanguageModel(c)
+        assert train.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
     with pytest.raises(ValueError, match="preset='fig2'"):
         train.make_config(preset="fig2")
     assert train.parse_overrides(["--preset=figure2", "--mixer=hyena"]).mixer.startswith(
@@ -2498,9 +3065,14 @@ def test_optimizer_decays_what_the_recipe_says():
     groups = train.make_optimizer(m, small_config(decay_all=True, beta2=0.95)).param_groups
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
     assert groups[0]["betas"] == (0.9, 0.95) and len(groups[0]["params"]) == len(list(m.parameters()))
-    groups = train.make_optimizer(m, small_config()).param_groups
+    c = small_config(weight_decay=0.05, lr=2e-3)
+    groups = train.make_optimizer(m, c).param_groups
     assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0
     assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[0]["betas"] == (0.9, 0.999)
+    assert groups[0]["weight_decay"] == 0.05 and [g["lr"] for g in groups] == [2e-3, 2e-3]
+    # every parameter in exactly one group
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in m.parameters()) and len(set(ids)) == len(ids)
 
 
 def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch):
@@ -2532,6 +3104,25 @@ def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
         whole, correct, n = train.labelled_loss(model, x, y)
     assert math.isclose(loss, whole.item(), rel_tol=1e-5) and acc == correct.item() / n
     assert train.evaluate(model, x, y, batch_size=7) == acc
+
+
+def test_evaluate_scores_in_eval_mode_and_hands_the_model_back_training():
+    """Dropout is off while a split is scored (two scores of a training model agree, and
+    equal the eval-mode score), and the model is in training mode afterwards."""
+    c = small_config(dropout=0.5)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c)
+    x, y = multiquery_ar(40, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=3)
+    first = train.evaluate(model, x, y, with_loss=True)
+    assert model.training and train.evaluate(model, x, y, with_loss=True) == first
+    with torch.no_grad():
+        model.eval()
+        loss, correct, n = train.labelled_loss(model, x, y)
+    assert first == (correct.item() / n, pytest.approx(loss.item(), rel=1e-5))
+    model.train()
+    with torch.no_grad():           # the check has power: dropout changes the loss
+        assert not math.isclose(train.labelled_loss(model, x, y)[0].item(), loss.item())
+
 
 def scoring(score):
     """A stand-in for train.evaluate that scores the inputs x as score(x) (loss 0)."""
@@ -2619,6 +3210,221 @@ def test_summary_counts_runs_that_never_passed_as_the_longest():
 
 def rand(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+# ----------------------------------------------------------------------------------------
+# train.py: the programmatic filters trained, language models on real text (Section 3.1),
+# appendix G
+
+def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
+    """Figure 2's lower rows in miniature (Thm 4.5 against Thm 4.4): at d = 32 < N = 64, a
+    short BaseConv then input_dependent_conv passes 0.99 within 400 steps of 64; the same
+    stack with BaseConv's fixed long filter stays near its 1/D plateau on that budget."""
+    acc = {}
+    for second in ("input_dependent_conv", "base_conv"):
+        c = small_config(mixer=f"base_conv:kernel_size=3,{second}", seq_len=64, num_kv_pairs=4,
+                         vocab_size=512, num_train=64 * 400, num_test=500, batch_size=64,
+                         max_steps=400, eval_every=50, out_dir=str(tmp_path))
+        acc[second] = train.train(c)["test_acc"]
+    assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
+
+
+def _tiny_corpus(folder):
+    """30 small files of Python-like text with repeated names: AR hits in every context."""
+    rng = random.Random(0)
+    folder.mkdir(exist_ok=True)
+    for i in range(30):
+        names = [f"name{rng.randrange(500)}" for _ in range(6)]
+        lines = [f"{rng.choice(names)} = {rng.choice(names)}({rng.choice(names)})"
+                 for _ in range(60)]
+        (folder / f"f{i}.py").write_text("\n".join(lines) + "\n")
+    assert any(mqar.is_validation_file(f"f{i}.py") for i in range(30))
+    return folder
+
+
+LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, batch_size=8,
+               num_train=64, num_test=8, num_valid=0, max_steps=4, eval_every=2,
+               progress=False)
+
+
+def test_lm_data_are_next_token_contexts_of_the_split(tmp_path):
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
+    (x, y), (xt, yt), (xv, yv) = train.make_data(c)
+    train_ids, valid_ids, vocab = mqar.corpus_streams(str(corpus), 128)
+    assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
+    held = torch.from_numpy(valid_ids[:10 * 33]).reshape(10, 33)
+    assert torch.equal(xt, held[:8, :-1]) and torch.equal(yv, held[8:, 1:])
+    text = " " + " ".join(map(str, train_ids.tolist())) + " "       # ids apart: 1 23 != 12 3
+    assert all(f" {' '.join(map(str, row))} " in text
+               for row in torch.cat([x[:3], y[:3, -1:]], 1).tolist())
+    with pytest.raises(ValueError, match="num_test=100000 with num_valid=0 is not allowed"):
+        train.make_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
+
+
+def test_token_nll_is_the_training_loss_per_token(tmp_path):
+    c = train.make_config(corpus=str(_tiny_corpus(tmp_path)), **LM_TINY)
+    model = train.LanguageModel(c)
+    _, (x, y), _ = train.make_data(c)
+    nll = train.token_nll(model, x, y, batch_size=3)
+    assert nll.shape == (8, 32)
+    assert math.isclose(nll.mean(), train.labelled_loss(model, x, y)[0].item(), rel_tol=1e-5)
+
+
+def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(
+        tmp_path, monkeypatch):
+    """Every model trains at every rate with the first seed, then at the rate of least
+    validation loss with every seed; every (model, seed) row's perplexity is sliced by AR
+    hits; a second run loads the models instead of training them."""
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "LM_LRS", (3e-2, 0.3))     # both chosen, 4 steps
+    overrides = {**{k: v for k, v in LM_TINY.items() if k != "progress"}, "num_valid": 4,
+                 "corpus": str(corpus)}
+    summary = train.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
+    rows = summary["rows"]
+    assert [(r["label"], r["seed"]) for r in rows] == [
+        (label, seed) for label in train.LM_MODELS for seed in train.LM_SEEDS]
+    assert all(r["steps"] == 4 and 0 < r["ar_tokens"] < r["tokens"] == 8 * 32 for r in rows)
+    # the rate: the least validation loss of the first seed's runs, one per rate
+    records = {(r["config"]["label"], r["config"]["lr"], r["config"]["seed"]): r
+               for r in train.load_records(tmp_path / "results" / "lm")}
+    assert len(records) == len(train.LM_MODELS) * 3        # 2 rates, then the second seed
+    for r in rows:
+        losses = [records[r["label"], lr, 0]["valid_loss"] for lr in train.LM_LRS]
+        assert summary["lr_valid_loss"][r["label"]] == losses
+        assert r["lr"] == train.LM_LRS[losses.index(min(losses))]
+        assert r["valid_loss"] == records[r["label"], r["lr"], r["seed"]]["valid_loss"]
+        assert [s for s, _ in r["curve"]] == [2, 4]              # every evaluation's loss
+    assert len({r["lr"] for r in rows}) == 2, "a choice that never varies tests nothing"
+    # the slices partition the tokens: log ppl is the token-weighted mean of the two
+    for r in rows:
+        weighted = (r["ar_tokens"] * math.log(r["ppl_ar"])
+                    + (r["tokens"] - r["ar_tokens"]) * math.log(r["ppl_other"])) / r["tokens"]
+        assert math.log(r["ppl"]) == pytest.approx(weighted, rel=1e-9)
+        assert math.isnan(r["ar_share"]) == (r["label"] == "attention")
+    # lm.json is strict JSON (no NaN literal): attention's share is null
+    written = json.loads((tmp_path / "results" / "lm.json").read_text(),
+                         parse_constant=lambda c: pytest.fail(f"{c} in lm.json"))
+    assert written["rows"][0]["label"] == "attention" and written["rows"][0]["ar_share"] is None
+    # a looser threshold only adds hits; the experiment's threshold is the rows' slice
+    ts = [t["threshold"] for t in summary["thresholds"]]
+    assert ts == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
+    counts = [t["ar_tokens"] for t in summary["thresholds"]]
+    assert counts == sorted(counts) and counts[ts.index(10 ** 6)] == rows[0]["ar_tokens"]
+    assert all(r["ppl_ar_by_threshold"][ts.index(10 ** 6)] == r["ppl_ar"] for r in rows)
+    assert all([g["num_pairs"] for g in r["appendix_g"]] == [2, 4, 8] for r in rows)
+    tables = train.lm_tables(summary)
+    assert len(tables[""].splitlines()) == 2 + len(rows)
+    assert len(tables["lr"].splitlines()) == 2 + len(train.LM_MODELS)
+    assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(records)
+    assert all(p.stat().st_size > 5000 for p in train.lm_outputs("results/lm")[1:])
+    monkeypatch.setattr(train, "train", lambda config: pytest.fail("retrained a finished model"))
+    again = train.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
+    assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in rows]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    # one rate needs no validation split; another out_dir leaves results/lm.* as they were
+    before = (tmp_path / "results" / "lm.json").read_text()
+    with pytest.raises(ValueError, match="num_valid=0 is not allowed while the experiment "
+                                         "chooses among 3 learning rates"):
+        train.run_lm_experiment({**overrides, "num_valid": 0})
+    short = train.run_lm_experiment({**overrides, "num_valid": 0, "lr": 1e-3, "seed": 5,
+                                     "max_steps": 2, "out_dir": "results/lm_short"},
+                                    threshold=10 ** 6, g_samples=4)
+    assert (tmp_path / "results" / "lm.json").read_text() == before
+    assert {(r["lr"], r["seed"], r["steps"]) for r in short["rows"]} == {(1e-3, 5, 2)}
+    assert all(math.isnan(r["valid_loss"]) and r["curve"] == [] for r in short["rows"])
+    assert all(p.exists() for p in train.lm_outputs("results/lm_short"))
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm", "--mixer=h3"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and "--mixer is not allowed with --task=lm" in out.stderr
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm",
+                          f"--corpus={tmp_path / 'missing'}"], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 2 and "missing' is not allowed: no such file or folder" in out.stderr
+
+
+def test_gap_share_is_shown_only_where_there_is_a_gap():
+    """Section 3.1's share needs a model worse than attention; one at or below it has no gap
+    to attribute, and the table says so instead of printing a ratio of two negatives. Each
+    seed's share is against attention of the same seed."""
+    assert train.gap_share_text(0.8, 12.0, 11.0) == "80%"
+    assert train.gap_share_text(0.8, 10.0, 11.0) == "no gap"
+    assert train.gap_share_text(float("nan"), 11.0, 11.0) == ""
+    row = lambda label, seed, ppl, share: dict(
+        label=label, seed=seed, lr=1e-3, n_params=1, steps=4, train_time_s=1.0, final_loss=2.5,
+        valid_loss=None, ppl=ppl, ppl_ar=7.0, ppl_other=12.5, ar_tokens=3, tokens=9,
+        ar_share=share, ppl_ar_by_threshold=[7.0], appendix_g=[dict(num_pairs=2, ppl_ar=30.0)])
+    rows = [row("attention", 0, 11.0, None), row("attention", 1, 13.0, None),
+            row("h3", 0, 12.0, 0.5), row("h3", 1, 12.0, 0.5)]
+    tables = train.lm_tables(dict(corpus="c", threshold=1, train_tokens=100, rows=rows,
+                                  lrs=[1e-3, 1e-2], seeds=[0, 1],
+                                  lr_valid_loss=dict(attention=[2.0, None], h3=[2.5, 2.75]),
+                                  thresholds=[dict(threshold=1, ar_tokens=3)]))
+    lines = [line.split(" | ") for line in tables[""].splitlines()[2:]]
+    assert [line[12] for line in lines] == ["", "", "50%", "no gap"]         # gap due to AR
+    assert lines[2][7] == "–" and "12.06 / 6.75 / 12.60" in lines[2][13]    # Table 1's H3
+    assert tables["lr"].splitlines()[2:] == ["| attention | 2.000 | – | 0.001 |",
+                                             "| H3 | 2.500 | 2.750 | 0.001 |"]
+    assert tables["thresholds"].splitlines()[0] == "| model | seed | 1 (3 tokens) |"
+    assert tables["thresholds"].splitlines()[4] == "| H3 | 0 | 7.0 |"
+    assert tables["appendix_g"].splitlines()[2] == "| attention | 0 | 30 |"
+
+
+def test_appendix_g_scores_the_ar_and_filler_tokens():
+    """A logits function that knows every next token scores perplexity 1 on both sets; a
+    uniform one scores the vocabulary size; one that knows only the filler separates them.
+    The AR tokens are P per sequence."""
+    V, N, filler = 50, 64, 7
+    ids = torch.arange(V)
+    oracle = lambda x: 30.0 * F.one_hot(torch.roll(x, -1, 1), V).float()     # reads ahead
+    uniform = lambda x: torch.zeros(*x.shape, V)
+    fill_only = lambda x: 30.0 * F.one_hot(torch.full_like(x, filler), V).float()
+    rows = {name: train.appendix_g(fn, ids, filler, (2, 8), num_samples=6, seq_len=N,
+                                   batch_size=4)
+            for name, fn in [("oracle", oracle), ("uniform", uniform), ("fill", fill_only)]}
+    assert [r["ar_tokens"] for r in rows["oracle"]] == [6 * 2, 6 * 8]
+    assert all(math.isclose(r[k], 1.0, rel_tol=1e-6) for r in rows["oracle"]
+               for k in ("ppl_ar", "ppl_filler"))
+    assert all(math.isclose(r[k], V, rel_tol=1e-6) for r in rows["uniform"]
+               for k in ("ppl_ar", "ppl_filler"))
+    assert all(r["ppl_filler"] < 1.001 and r["ppl_ar"] > 1e6 for r in rows["fill"])
+
+
+@pytest.mark.parametrize("kind", ["llama", "rwkv"])
+def test_appendix_g_runs_on_a_tiny_hugging_face_model_saved_offline(kind, tmp_path):
+    """A randomly initialised LlamaForCausalLM / RwkvForCausalLM built from a config, saved
+    to a folder and loaded back by hf_causal_lm (no hub), through the protocol; its
+    perplexities are near the vocabulary size, as an untrained model's are."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    V = 300
+    if kind == "llama":
+        config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=2, max_position_embeddings=128,
+                                          bos_token_id=1, eos_token_id=2)
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.RwkvConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                         attention_hidden_size=32, intermediate_size=64,
+                                         context_length=128, bos_token_id=0, eos_token_id=0)
+        model = transformers.RwkvForCausalLM(config)
+    model.save_pretrained(tmp_path / kind)
+    logits_fn, ids, filler = train.hf_causal_lm(str(tmp_path / kind))
+    assert filler not in (1, 2) if kind == "llama" else filler == 1
+    assert len(ids) == V - (2 if kind == "llama" else 1)
+    rows = train.appendix_g(logits_fn, ids, filler, (2, 4), num_samples=4, seq_len=64)
+    assert [r["num_pairs"] for r in rows] == [2, 4]
+    assert all(V / 3 < r[k] < 3 * V for r in rows for k in ("ppl_ar", "ppl_filler"))
+
+
+def test_hf_without_transformers_names_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)            # import fails
+    with pytest.raises(ValueError, match=r"transformers.*pip install transformers==5\.24\.0"):
+        train.hf_causal_lm("any/model")
 
 
 # ----------------------------------------------------------------------------------------
@@ -2824,12 +3630,12 @@ THEORY_CASES = [(check, {}) for check in th.CHECKS] + [      # the table's sizes
     (th.check_thm_4_5, dict(sizes=((24, 6, 32),))),
     (th.check_thm_h5, dict(N=1, d=1, depths=(1, 3), widths=(1, 3))),
     (th.check_thm_h5, dict(N=2, d=2, depths=(1, 2, 3, 4), widths=(1, 2, 3))),
-    (th.check_hyena, dict(D=4, T=8, orders=(1,))),
-    (th.check_hyena, dict(D=6, T=13, orders=(3,), seq_len=24)),
-    (th.check_h3, dict(D=8, T=12, head_dims=(4,), d_state=4, shift_size=3)),
-    (th.check_h3, dict(D=6, T=10, head_dims=(3,), d_state=4, shift_size=5)),
-    (th.check_retnet, dict(D=12, T=10, num_heads=3)), (th.check_retnet, dict(D=4, num_heads=1)),
-    (th.check_rwkv, dict(D=6, T=13)), (th.check_rwkv, dict(D=4, T=1)),
+    (th.check_hyena, dict(d_model=4, T=8, orders=(1,))),
+    (th.check_hyena, dict(d_model=6, T=13, orders=(3,), seq_len=24)),
+    (th.check_h3, dict(d_model=8, T=12, head_dims=(4,), d_state=4, shift_size=3)),
+    (th.check_h3, dict(d_model=6, T=10, head_dims=(3,), d_state=4, shift_size=5)),
+    (th.check_retnet, dict(d_model=12, T=10, num_heads=3)), (th.check_retnet, dict(d_model=4, num_heads=1)),
+    (th.check_rwkv, dict(d_model=6, T=13)), (th.check_rwkv, dict(d_model=4, T=1)),
     (th.check_index, dict(sizes=((1, 3, False), (2, 2, False), (2, 3, True), (3, 2, False),
                                  (3, 4, True), (3, 8, True)))),
     (th.check_min_states, dict(sizes=((2, 2, 1, False), (3, 3, 1, True), (3, 2, 2, False),
@@ -2845,7 +3651,17 @@ def test_theory_check_passes(check, sizes):
     """Every row of `python theory.py`'s table (seed 0), and the same checks at other sizes
     (seed 1): each runs its construction on random instances and its negative controls."""
     rows = check(seed=1 if sizes else 0, **sizes)
-    assert rows and all("pass" in ok and "FAIL" not in ok for _, ok, _ in rows), rows
+    assert rows and all(isinstance(check, th.Check) and check.ok for _, check, _ in rows), rows
+
+def test_theory_report_shows_each_check_and_fails_on_a_failed_one(monkeypatch, capsys):
+    """The report colours a check's bool, not its text: a failed check makes the exit
+    status 1 whatever its evidence says."""
+    monkeypatch.setattr(th, "CHECKS", [lambda seed: [("a", th.Check(True, " pass-ish"), "r")]])
+    assert th.main() == 0 and "pass" in capsys.readouterr().out
+    monkeypatch.setattr(th, "CHECKS", [lambda seed: [("a", th.Check(True, ""), "r"),
+                                                     ("b", th.Check(False, " pass"), "r")]])
+    assert th.main() == 1 and "FAIL" in capsys.readouterr().out
+
 
 THEORY_ERRORS = [                                        # (what the message names, call)
     ("impl", lambda: th.conv(rand(6, seed=0), rand(6, seed=1), impl="fast")),
@@ -2862,7 +3678,7 @@ THEORY_ERRORS = [                                        # (what the message nam
     ("s=", lambda: th.shift_down(4, 2, 4)),
     ("num_vars", lambda: th.compile_circuit(th.random_circuit(3, 2, 2, seed=0), 2, 2)),
     ("T=", lambda: th.hyena_as_baseconv(th.random_mixer(mixers.Hyena, 4, 8, seed=0), 0)),
-    ("H must divide D", lambda: th.retention_as_baseconv(*[torch.eye(6, dtype=F64)] * 3,
+    ("H must divide d_model", lambda: th.retention_as_baseconv(*[torch.eye(6, dtype=F64)] * 3,
                                                          torch.full((4,), 0.9, dtype=F64), 8)),
     ("c_v", lambda: th.mqar_contexts(3, 2, 3)),            # 3 distinct values from 2
     ("c_k", lambda: th.mqar_contexts(2, 4, 3)),
@@ -2896,7 +3712,7 @@ def test_readme_results_tables_are_what_the_records_print(monkeypatch):
     number changed by hand, or a record that no longer gives it, fails here."""
     tables = README_TABLE.findall((REPO / "README.md").read_text())
     names = [name for name, _ in tables]
-    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "lm", "lm_2400"} <= set(names)
+    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "lm"} <= set(names)
     monkeypatch.chdir(REPO)
     for name, table in tables:
         assert table.rstrip("\n") == train.markdown_table(name), f"--table={name}"
@@ -2907,194 +3723,6 @@ def test_readme_python_snippets_run():
     assert blocks, "the README has a python quick start"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
-
-
-def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
-    """Figure 2's lower rows in miniature (Thm 4.5 against Thm 4.4): at d = 32 < N = 64, a
-    short BaseConv then input_dependent_conv passes 0.99 within 400 steps of 64; the same
-    stack with BaseConv's fixed long filter stays near its 1/D plateau on that budget."""
-    acc = {}
-    for second in ("input_dependent_conv", "base_conv"):
-        c = small_config(mixer=f"base_conv:kernel_size=3,{second}", seq_len=64, num_kv_pairs=4,
-                         vocab_size=512, num_train=64 * 400, num_test=500, batch_size=64,
-                         max_steps=400, eval_every=50, out_dir=str(tmp_path))
-        acc[second] = train.train(c)["test_acc"]
-    assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
-
-
-def _tiny_corpus(folder):
-    """30 small files of Python-like text with repeated names: AR hits in every context."""
-    rng = random.Random(0)
-    folder.mkdir(exist_ok=True)
-    for i in range(30):
-        names = [f"name{rng.randrange(500)}" for _ in range(6)]
-        lines = [f"{rng.choice(names)} = {rng.choice(names)}({rng.choice(names)})"
-                 for _ in range(60)]
-        (folder / f"f{i}.py").write_text("\n".join(lines) + "\n")
-    assert any(mqar.is_validation_file(f"f{i}.py") for i in range(30))
-    return folder
-
-
-LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, batch_size=8,
-               num_train=64, num_test=8, num_valid=0, max_steps=4, eval_every=2,
-               progress=False)
-
-
-def test_lm_data_are_next_token_contexts_of_the_split(tmp_path):
-    corpus = _tiny_corpus(tmp_path / "corpus")
-    c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
-    (x, y), (xt, yt), (xv, yv) = train.make_data(c)
-    train_ids, valid_ids, vocab = mqar.corpus_streams(str(corpus), 128)
-    assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
-    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
-    held = torch.from_numpy(valid_ids[:10 * 33]).reshape(10, 33)
-    assert torch.equal(xt, held[:8, :-1]) and torch.equal(yv, held[8:, 1:])
-    text = " " + " ".join(map(str, train_ids.tolist())) + " "       # ids apart: 1 23 != 12 3
-    assert all(f" {' '.join(map(str, row))} " in text
-               for row in torch.cat([x[:3], y[:3, -1:]], 1).tolist())
-    with pytest.raises(ValueError, match="num_test=100000 with num_valid=0 is not allowed"):
-        train.make_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
-
-
-def test_token_nll_is_the_training_loss_per_token(tmp_path):
-    c = train.make_config(corpus=str(_tiny_corpus(tmp_path)), **LM_TINY)
-    model = train.LanguageModel(c)
-    _, (x, y), _ = train.make_data(c)
-    nll = train.token_nll(model, x, y, batch_size=3)
-    assert nll.shape == (8, 32)
-    assert math.isclose(nll.mean(), train.labelled_loss(model, x, y)[0].item(), rel_tol=1e-5)
-
-
-def test_lm_experiment_slices_perplexity_and_resumes(tmp_path, monkeypatch):
-    """Every model trains once, writes weights and record, and the table's perplexities are
-    sliced by AR hits; a second run loads the models instead of training them."""
-    corpus = _tiny_corpus(tmp_path / "corpus")
-    monkeypatch.chdir(tmp_path)
-    overrides = {k: v for k, v in LM_TINY.items() if k != "progress"}
-    summary = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
-    rows = {r["label"]: r for r in summary["rows"]}
-    assert list(rows) == list(train.LM_MODELS)
-    assert all(r["steps"] == 4 and 0 < r["ar_tokens"] < r["tokens"] == 8 * 32
-               for r in rows.values())
-    # the slices partition the tokens: log ppl is the token-weighted mean of the two
-    for r in rows.values():
-        weighted = (r["ar_tokens"] * math.log(r["ppl_ar"])
-                    + (r["tokens"] - r["ar_tokens"]) * math.log(r["ppl_other"])) / r["tokens"]
-        assert math.log(r["ppl"]) == pytest.approx(weighted, rel=1e-9)
-    assert math.isnan(rows["attention"]["ar_share"]) and not math.isnan(rows["h3"]["ar_share"])
-    # lm.json is strict JSON (no NaN literal): attention's share is null
-    written = json.loads((tmp_path / "results" / "lm.json").read_text(),
-                         parse_constant=lambda c: pytest.fail(f"{c} in lm.json"))
-    assert written["rows"][0]["label"] == "attention" and written["rows"][0]["ar_share"] is None
-    # a looser threshold only adds hits; the row at the experiment's threshold is the table's
-    by_t = summary["by_threshold"]
-    assert [t["threshold"] for t in by_t] == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
-    assert all(a["ar_tokens"] <= b["ar_tokens"] for a, b in zip(by_t, by_t[1:]))
-    main = next(t for t in by_t if t["threshold"] == 10 ** 6)
-    assert main["ar_tokens"] == rows["h3"]["ar_tokens"]
-    assert main["ppl_ar"]["h3"] == rows["h3"]["ppl_ar"]
-    assert main["ar_share"]["h3"] == rows["h3"]["ar_share"] and "attention" not in main["ar_share"]
-    assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(train.LM_MODELS)
-    assert (tmp_path / "results" / "lm.png").stat().st_size > 5000
-    monkeypatch.setattr(train, "train", lambda config: pytest.fail("retrained a finished model"))
-    again = train.run_lm_experiment({**overrides, "corpus": str(corpus)}, threshold=10 ** 6)
-    assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in summary["rows"]]
-    # another out_dir: the summary and figures go beside it, results/lm.* stay as they were
-    before = (tmp_path / "results" / "lm.json").read_text()
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
-    train.run_lm_experiment({**overrides, "corpus": str(corpus), "max_steps": 2,
-                             "out_dir": "results/lm_short"}, threshold=10 ** 6, g_samples=4)
-    assert (tmp_path / "results" / "lm.json").read_text() == before
-    short = json.loads((tmp_path / "results" / "lm_short.json").read_text())
-    assert all(r["steps"] == 2 for r in short["rows"])
-    assert all((tmp_path / "results" / f).exists()
-               for f in ("lm_short.png", "lm_short_appendix_g.png"))
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm", "--mixer=h3"],
-                         capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 2 and "--mixer is not allowed with --task=lm" in out.stderr
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm",
-                          f"--corpus={tmp_path / 'missing'}"], capture_output=True, text=True,
-                         cwd=tmp_path)
-    assert out.returncode == 2 and "missing' is not allowed: no such file or folder" in out.stderr
-
-
-def test_gap_share_is_shown_only_where_there_is_a_gap():
-    """Section 3.1's share needs a model worse than attention; one at or below it has no gap
-    to attribute, and the table says so instead of printing a ratio of two negatives."""
-    assert train.gap_share_text(0.8, 12.0, 11.0) == "80%"
-    assert train.gap_share_text(0.8, 10.0, 11.0) == "no gap"
-    assert train.gap_share_text(float("nan"), 11.0, 11.0) == ""
-    rows = [dict(label="attention", n_params=1, steps=4, train_time_s=1.0, ppl=11.0,
-                 ppl_ar=2.0, ppl_other=12.0, ar_tokens=3, tokens=9, ar_share=float("nan")),
-            dict(label="h3", n_params=1, steps=4, train_time_s=1.0, ppl=12.0, ppl_ar=7.0,
-                 ppl_other=12.5, ar_tokens=3, tokens=9, ar_share=0.5)]
-    tables = train.lm_tables(dict(corpus="c", threshold=1, train_tokens=100, rows=rows,
-                                  by_threshold=[dict(threshold=1, ar_tokens=3,
-                                                     ppl_ar=dict(attention=2.0, h3=7.0),
-                                                     ar_share=dict(h3=0.5))],
-                                  appendix_g={"attention": [dict(num_pairs=2, ppl_ar=3.0)],
-                                              "h3": [dict(num_pairs=2, ppl_ar=30.0)]}),
-                             {"attention": 2.5, "h3": 2.75})
-    attention, h3 = tables[""].splitlines()[2:]
-    assert attention.split(" | ")[9] == "" and h3.split(" | ")[9] == "50%"   # gap due to AR
-    assert "12.06 / 6.75 / 12.60" in h3 and "2.75" in h3               # Table 1's H3 row
-    assert tables["thresholds"].splitlines()[2] == "| 1 | 3 | 2.0 | 7.0 |"
-    assert tables["appendix_g"].splitlines()[2:] == ["| attention | 3 |", "| H3 | 30 |"]
-
-
-def test_appendix_g_scores_the_ar_and_filler_tokens():
-    """A logits function that knows every next token scores perplexity 1 on both sets; a
-    uniform one scores the vocabulary size; one that knows only the filler separates them.
-    The AR tokens are P per sequence."""
-    V, N, filler = 50, 64, 7
-    ids = torch.arange(V)
-    oracle = lambda x: 30.0 * F.one_hot(torch.roll(x, -1, 1), V).float()     # reads ahead
-    uniform = lambda x: torch.zeros(*x.shape, V)
-    fill_only = lambda x: 30.0 * F.one_hot(torch.full_like(x, filler), V).float()
-    rows = {name: train.appendix_g(fn, ids, filler, (2, 8), num_samples=6, seq_len=N,
-                                   batch_size=4)
-            for name, fn in [("oracle", oracle), ("uniform", uniform), ("fill", fill_only)]}
-    assert [r["ar_tokens"] for r in rows["oracle"]] == [6 * 2, 6 * 8]
-    assert all(math.isclose(r[k], 1.0, rel_tol=1e-6) for r in rows["oracle"]
-               for k in ("ppl_ar", "ppl_filler"))
-    assert all(math.isclose(r[k], V, rel_tol=1e-6) for r in rows["uniform"]
-               for k in ("ppl_ar", "ppl_filler"))
-    assert all(r["ppl_filler"] < 1.001 and r["ppl_ar"] > 1e6 for r in rows["fill"])
-
-
-@pytest.mark.parametrize("kind", ["llama", "rwkv"])
-def test_appendix_g_runs_on_a_tiny_hugging_face_model_saved_offline(kind, tmp_path):
-    """A randomly initialised LlamaForCausalLM / RwkvForCausalLM built from a config, saved
-    to a folder and loaded back by hf_causal_lm (no hub), through the protocol; its
-    perplexities are near the vocabulary size, as an untrained model's are."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    V = 300
-    if kind == "llama":
-        config = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
-                                          num_hidden_layers=2, num_attention_heads=2,
-                                          num_key_value_heads=2, max_position_embeddings=128,
-                                          bos_token_id=1, eos_token_id=2)
-        model = transformers.LlamaForCausalLM(config)
-    else:
-        config = transformers.RwkvConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
-                                         attention_hidden_size=32, intermediate_size=64,
-                                         context_length=128, bos_token_id=0, eos_token_id=0)
-        model = transformers.RwkvForCausalLM(config)
-    model.save_pretrained(tmp_path / kind)
-    logits_fn, ids, filler = train.hf_causal_lm(str(tmp_path / kind))
-    assert filler not in (1, 2) if kind == "llama" else filler == 1
-    assert len(ids) == V - (2 if kind == "llama" else 1)
-    rows = train.appendix_g(logits_fn, ids, filler, (2, 4), num_samples=4, seq_len=64)
-    assert [r["num_pairs"] for r in rows] == [2, 4]
-    assert all(V / 3 < r[k] < 3 * V for r in rows for k in ("ppl_ar", "ppl_filler"))
-
-
-def test_hf_without_transformers_names_the_package(monkeypatch):
-    monkeypatch.setitem(sys.modules, "transformers", None)            # import fails
-    with pytest.raises(ValueError, match=r"transformers.*pip install transformers==5\.24\.0"):
-        train.hf_causal_lm("any/model")
 
 
 def test_readme_main_command_solves_mqar(tmp_path):

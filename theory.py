@@ -29,9 +29,9 @@ Glossary (code name -> paper symbol):
              transposed, (d', N') with lag s in column s, as mixers.py stores filters (d, K)
   c          vocabulary size |C|; D number of key-value pairs; b = ceil(log2 c) bits per token
   s          shift / look-back distance; t number of interaction distances (Thm 4.5)
-  D, T, H, hd, hs  in the Thm 4.2 section: a mixer's width D (its d_model; d there is
-             the width of a stack's input, which outer_product_conv_as_baseconv keeps
-             apart from it), sequence length T (= N), heads H, H3's head_dim hd, RetNet's
+  d_model, T, H, hd, hs  in the Thm 4.2 section: a mixer's width d_model (d there is the
+             width of a stack's input, which outer_product_conv_as_baseconv keeps apart
+             from it), its sequence length T (= N), heads H, H3's head_dim hd, RetNet's
              head size hs
   n, size, depth, width   of an arithmetic circuit: n variables, s nodes, depth Delta, width w
   m          size of a K-matrix (a power of two)
@@ -60,7 +60,6 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 import mixers
@@ -70,16 +69,26 @@ from mqar import IGNORE, check_int, multiquery_ar
 DTYPE = torch.float64
 
 
-def _ok(flag):
-    """The check column of a report row (rich markup)."""
-    return "[green]pass[/green]" if flag else "[red]FAIL[/red]"
+@dataclass(frozen=True)
+class Check:
+    """The check column of a report row: whether the check held, and its evidence (what was
+    measured). The tests assert `ok`; the report colours it."""
+    ok: bool
+    evidence: str = ""
+
+    def __str__(self):                                                      # rich markup
+        return ("[green]pass[/green]" if self.ok else "[red]FAIL[/red]") + self.evidence
+
+
+def _ok(flag, evidence=""):
+    return Check(bool(flag), evidence)
 
 
 def _exact_row(statement, pred, labels, resources, controls=True):
     """A report row for a construction that must answer every MQAR query (and whose
     negative controls, if any, must hold)."""
     acc = mqar_accuracy(pred, labels)
-    return statement, _ok(acc == 1.0 and controls) + f" acc {acc:.2f}", resources
+    return statement, _ok(acc == 1.0 and controls, f" acc {acc:.2f}"), resources
 
 
 # ----------------------------------------------------------------------------------------
@@ -218,8 +227,8 @@ def check_convolutions(seed=0, sizes=(7, 64)):
             kept &= torch.allclose(out, u) and (n == 1 or not torch.allclose(out, u.flip(-1)))
     return [("H.1  u*v, u⊛v: direct = poly mod = FFT = the sum", _ok(ok), f"n = {sizes}"),
             ("erratum: u * v = iFFT(FFT(u) FFT(v)) unpadded (printed)",
-             _ok(unpadded) + " (that is u ⊛ v)", "pad both to 2n"),
-            ("erratum: 'u ⊛ e_0 reverses u' (printed)", _ok(kept) + " (claim false)",
+             _ok(unpadded, " (that is u ⊛ v)"), "pad both to 2n"),
+            ("erratum: 'u ⊛ e_0 reverses u' (printed)", _ok(kept, " (claim false)"),
              "u ⊛ e_0 = u")]
 
 
@@ -825,7 +834,7 @@ def check_primitives(seed=0, Np=12, dp=4):
                torch.cat([baseconv_stack(u, stack(f1, f2)), r], -1)))
     return [("H.3  shift_down, shift_up (1 cyclic layer), stack, remember", _ok(ok),
              f"1, 1, L1+L2, L layers; every s < N' = {Np}"),
-            ("erratum: shift_down filter X^{s+1} (printed)", _ok(not printed) + " (fails)",
+            ("erratum: shift_down filter X^{s+1} (printed)", _ok(not printed, " (fails)"),
              "X^s is right")]
 
 
@@ -948,7 +957,7 @@ def check_prop_4_3(seed=0, sizes=((64, 8, 128), (128, 16, 256))):
         ok &= (late.any() and mqar_accuracy(mqar_attention(x, c, False, "strict")[0], y) == 1.0
                and (pred[r[late], col[late]] != y[r[late], col[late]]).all())
         rows.append((f"Prop 4.3 attention, N={N} D={D} c={c}",
-                     _ok(ok) + " acc 1.00 (no/softmax), margin > 0.99",
+                     _ok(ok, " acc 1.00 (no/softmax), margin > 0.99"),
                      f"L=2, params 4c²+2N² = {4 * c * c + 2 * N * N}; unmasked (printed) "
                      f"acc {bad:.2f}; mask j <= i fails a query after itself"))
     return rows
@@ -1304,7 +1313,7 @@ def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
 # A channel a layer only carries gets W column 0, b1 = 1, h = e_0, b2 = 0: the identity
 # block of `remember`, set per channel here because the computing channels of the same
 # layer read the carried ones through W (which `parallel` keeps block diagonal).
-# The mixers' filters are evaluated once and stored as explicit (D, T) filters (`coeff`
+# The mixers' filters are evaluated once and stored as explicit (d_model, T) filters (`coeff`
 # drops lags s >= T, which never reach an output, and pads short ones): the MLP of
 # Hyena's implicit filter and the parameters of H3's SSMs are how a layer stores h, not part
 # of its map from x to y. Projections are dense (Remark H.4, as in the experiments), not
@@ -1313,7 +1322,7 @@ def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
 # stack is a polynomial; a function bounded and not constant on some half-line c -> c u_0,
 # c >= 0 (a norm, σ, swish), or unchanged by u -> c u for all c > 0 and not constant (a
 # ratio of two degree-1 terms, as RWKV's wkv), is none, and neither is exp.
-# Glossary of this section: D a mixer's width (d_model), T sequence length (= N = N'),
+# Glossary of this section: d_model a mixer's width, T its sequence length (= N = N'),
 # H heads, hd H3's head_dim, hs RetNet's head size (see the module's glossary).
 
 def random_mixer(cls, d_model, seq_len, seed, noise=0.1, **options):
@@ -1333,24 +1342,24 @@ def random_mixer(cls, d_model, seq_len, seed, noise=0.1, **options):
     return module
 
 
-def _input(seed, B=4, T=32, D=8):
-    """A random x (B, T, D) for the checks of this section."""
-    return torch.randn(B, T, D, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
+def _input(seed, B=4, T=32, d_model=8):
+    """A random x (B, T, d_model) for the checks of this section."""
+    return torch.randn(B, T, d_model, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
 
 
 def _module_row(name, m, layers, x, dims, broken=()):
     """A Thm 4.2 report row: the stack against the module m on x, equal up to rounding, with
     inner dimensions `dims`; each stack in `broken` (a layer dropped, a filter changed) must
     not compute m."""
-    B, T, D = x.shape
+    B, T, d_model = x.shape
     with torch.no_grad():
         want = m(x)
         err = (baseconv_model(x, layers) - want).abs().max().item()
         ok = err < 1e-10 and inner_dim(layers) == dims and not any(
             torch.allclose(baseconv_model(x, b), want, atol=1e-6) for b in broken)
-    return (f"Thm 4.2 {name} (D={D}, T={T}) = BaseConv stack",
-            _ok(ok) + f" max|Δ| {err:.0e}; {len(broken)} broken stacks differ",
-            f"(L,N',d') = {inner_dim(layers)} vs d = {D}")
+    return (f"Thm 4.2 {name} (d_model={d_model}, T={T}) = BaseConv stack",
+            _ok(ok, f" max|Δ| {err:.0e}; {len(broken)} broken stacks differ"),
+            f"(L,N',d') = {inner_dim(layers)} vs d = {d_model}")
 
 
 def _with_h(layers, i, edit):
@@ -1381,45 +1390,46 @@ def _carry(b1, h, channels):
 
 def hyena_as_baseconv(hyena, T):
     """Thm 4.2 for Hyena (Algorithm 3, mixers.Hyena): layers with baseconv_model(x, layers)
-    = hyena(x) for x (..., T, D). Channel blocks of D: p^1..p^L, v (= z^0); d' = (L+1) D.
+    = hyena(x) for x (..., T, d_model). Channel blocks of d_model: p^1..p^L, v (= z^0);
+    d' = (L+1) d_model.
       1.       affine:      [p^1 .. p^L, v] = x W_in + b_in
       2.       convolution: every channel by its short filter (W = 0, b1 = 1, b2 = 0)
       2+l.     gated long convolution, l = 1..L: block z <- p^l ⊙ (h^l * z): W copies
                block p^l into block z (the gate side), h = h^l on block z; p's carried
-      L+3.     affine:      y = z^L W_out + b_out, into channels 0..D-1
-    (L, N', d') = (L+3, T, (L+1) D): Algorithm 3's L gated convolutions, one layer each.
+      L+3.     affine:      y = z^L W_out + b_out, into channels 0..d_model-1
+    (L, N', d') = (L+3, T, (L+1) d_model): Algorithm 3's L gated convolutions, one layer each.
     """
     check_int("T", T, 1, "an integer >= 1")
-    D, L = hyena.d_model, hyena.order
-    dp = (L + 1) * D
-    z = slice(L * D, dp)
+    d_model, L = hyena.d_model, hyena.order
+    dp = (L + 1) * d_model
+    z = slice(L * d_model, dp)
     with torch.no_grad():
         W = torch.zeros(dp, dp, dtype=DTYPE)
-        W[:D] = hyena.in_proj.weight.T
+        W[:d_model] = hyena.in_proj.weight.T
         layers = stack(affine(W, hyena.in_proj.bias, T),
                        convolution(coeff(hyena.short_filter(), T)))
-        for l, h_l in enumerate(hyena.long_filter().split(D, dim=0)):
+        for l, h_l in enumerate(hyena.long_filter().split(d_model, dim=0)):
             W, b1, h, b2 = _blank(T, dp)
-            W[l * D:(l + 1) * D, z] = torch.eye(D, dtype=DTYPE)
+            W[l * d_model:(l + 1) * d_model, z] = torch.eye(d_model, dtype=DTYPE)
             h[z] = coeff(h_l, T)
-            _carry(b1, h, slice(0, L * D))
+            _carry(b1, h, slice(0, L * d_model))
             layers.append(Layer(W, b1, h, b2))
         W = torch.zeros(dp, dp, dtype=DTYPE)
-        W[z, :D] = hyena.out_proj.weight.T
+        W[z, :d_model] = hyena.out_proj.weight.T
         return stack(layers, affine(W, hyena.out_proj.bias, T))
 
 
-def check_hyena(seed=0, D=8, T=32, orders=(2, 3), seq_len=None):
+def check_hyena(seed=0, d_model=8, T=32, orders=(2, 3), seq_len=None):
     """Thm 4.2: random Hyena layers are their BaseConv stacks; without any one gated long
     convolution, or with one tap of its filter changed, they are not."""
-    x = _input(seed, T=T, D=D)
+    x = _input(seed, T=T, d_model=d_model)
     rows = []
     for o in orders:
-        m = random_mixer(mixers.Hyena, D, seq_len or T, seed, order=o)
+        m = random_mixer(mixers.Hyena, d_model, seq_len or T, seed, order=o)
         layers = hyena_as_baseconv(m, T)
         broken = [layers[:l] + layers[l + 1:] for l in range(2, o + 2)]
-        broken.append(_with_h(layers, 2, lambda h: h[o * D, T - 1].add_(1.0)))
-        rows.append(_module_row(f"Hyena order {o}", m, layers, x, (o + 3, T, (o + 1) * D),
+        broken.append(_with_h(layers, 2, lambda h: h[o * d_model, T - 1].add_(1.0)))
+        rows.append(_module_row(f"Hyena order {o}", m, layers, x, (o + 3, T, (o + 1) * d_model),
                                 broken))
     return rows
 
@@ -1431,9 +1441,10 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
         out = y W_o + b_o,
 
     per head h of hd channels (i, j < hd): a short filter s on k, the outer product k ⊗ v,
-    a long filter K per (h, i, j), the sum over i gated by q. x (..., T, d); W (d, 3D),
-    b (3D,); shift (D, K1); kernel (D hd, K2), row (h hd + i) hd + j; W_o (D, d_out).
-    Channel blocks: q (D), v (D), kv (D hd, channel (h, i, j)); d' = max(d, D (2 + hd), d_out).
+    a long filter K per (h, i, j), the sum over i gated by q. x (..., T, d);
+    W (d, 3 d_model), b (3 d_model,); shift (d_model, K1); kernel (d_model hd, K2), row
+    (h hd + i) hd + j; W_o (d_model, d_out). Channel blocks: q (d_model), v (d_model),
+    kv (d_model hd, channel (h, i, j)); d' = max(d, d_model (2 + hd), d_out).
       1. affine:   q, v, and every k_hi copied into the hd channels (h, i, j), j < hd: a
                    causal convolution acts per channel, so k_hi must sit in each channel
                    that multiplies it
@@ -1441,15 +1452,16 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
       3. product:  (h, i, j) <- q_hi ⊙ (K_hij * kv_hij): W routes q_hi, h = K_hij
       4. affine:   out = Σ_{h,i,j} kv_hij W_o[h hd + j] + b_o: the sum over i and W_o in one
     """
-    d, D = W.shape[0], W.shape[1] // 3
-    dp = max(d, D * (2 + hd), W_o.shape[1])
-    m = torch.arange(D * hd)
+    d, d_model = W.shape[0], W.shape[1] // 3
+    dp = max(d, d_model * (2 + hd), W_o.shape[1])
+    m = torch.arange(d_model * hd)
     qk_of, v_of = m // hd, (m // (hd * hd)) * hd + m % hd      # k_hi (and q_hi), v_hj of (h,i,j)
-    q, v, kv = torch.arange(D), D + torch.arange(D), 2 * D + m
+    q, v, kv = torch.arange(d_model), d_model + torch.arange(d_model), 2 * d_model + m
     with torch.no_grad():
         W1, b = torch.zeros(dp, dp, dtype=DTYPE), b.detach().to(DTYPE)
-        W1[:d, q], W1[:d, v], W1[:d, kv] = W[:, :D], W[:, 2 * D:], W[:, D:2 * D][:, qk_of]
-        layers = affine(W1, torch.cat([b[:D], b[2 * D:], b[D:2 * D][qk_of]]), T)
+        (Wq, Wk, Wv), (bq, bk, bv) = W.split(d_model, dim=1), b.split(d_model)
+        W1[:d, q], W1[:d, v], W1[:d, kv] = Wq, Wv, Wk[:, qk_of]
+        layers = affine(W1, torch.cat([bq, bv, bk[qk_of]]), T)
         W2, b1, h, b2 = _blank(T, dp)
         W2[v[v_of], kv] = 1.0
         h[kv] = coeff(shift, T)[qk_of]
@@ -1465,13 +1477,14 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
 
 
 def h3_as_baseconv(h3, T):
-    """Thm 4.2 for H3 (mixers.H3): layers with baseconv_model(x, layers) = h3(x), x (..., T, D).
+    """Thm 4.2 for H3 (mixers.H3): layers with baseconv_model(x, layers) = h3(x),
+    x (..., T, d_model).
 
     H3 is `outer_product_conv_as_baseconv` with the shift SSM as its short filter (A the
     shift matrix, B = e_0: the kernel is C, the learned filter) and the diagonal SSM as its
-    long one, K = the S4D kernel (T taps) with the skip term D folded into tap 0.
+    long one, K = the S4D kernel (T taps) with the skip term (S4D's D) folded into tap 0.
     (L, N', d') = (4, T, 3D) for head_dim = 1 (q ⊙ SSM(shift(k) ⊙ v)); head_dim hd > 1
-    needs hd copies of every k channel and the sum over i folded into W_o: (4, T, (2 + hd) D).
+    needs hd copies of every k channel and the sum over i folded into W_o: (4, T, (2 + hd) d_model).
     """
     check_int("T", T, 1, "an integer >= 1")
     with torch.no_grad():
@@ -1483,53 +1496,56 @@ def h3_as_baseconv(h3, T):
                                               h3.head_dim, T)
 
 
-def check_h3(seed=0, D=8, T=32, head_dims=(1, 2), d_state=16, **options):
+def check_h3(seed=0, d_model=8, T=32, head_dims=(1, 2), d_state=16, **options):
     """Thm 4.2: random H3 layers are their BaseConv stacks; without the skip term folded into
     tap 0, or without the shift SSM (filter e_0), they are not."""
-    x = _input(seed, T=T, D=D)
+    x = _input(seed, T=T, d_model=d_model)
     rows = []
     for hd in head_dims:
-        m = random_mixer(mixers.H3, D, T, seed, head_dim=hd, d_state=d_state, **options)
+        m = random_mixer(mixers.H3, d_model, T, seed, head_dim=hd, d_state=d_state, **options)
         layers = h3_as_baseconv(m, T)
         skip = m._ssm()[3].detach()
-        broken = [_with_h(layers, 2, lambda h: h[2 * D:, 0].sub_(skip)),
-                  _with_h(layers, 1, lambda h: (h[2 * D:].zero_(), h[2 * D:, 0].fill_(1.0)))]
-        rows.append(_module_row(f"H3 head_dim {hd}", m, layers, x, (4, T, (2 + hd) * D),
+        broken = [_with_h(layers, 2, lambda h: h[2 * d_model:, 0].sub_(skip)),
+                  _with_h(layers, 1, lambda h: (h[2 * d_model:].zero_(),
+                                                h[2 * d_model:, 0].fill_(1.0)))]
+        rows.append(_module_row(f"H3 head_dim {hd}", m, layers, x, (4, T, (2 + hd) * d_model),
                                 broken))
     return rows
 
 
 def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
-    """Thm 4.2 for retention: layers computing the heads of Y = (Q K^T ⊙ D_γ) V (RetNet,
+    """Thm 4.2 for retention: layers computing the heads of Y = (Q K^T ⊙ Γ) V (RetNet,
     mixers.retention_parallel) from x (..., T, d), with Q = x W_q, K = x W_k, V = x W_v,
-    W_* (d, D), H = len(gamma) heads of hs = D / H. The heads land in channels 0..D-1
-    (y_t[h, j] in channel h hs + j, as RetNet flattens them); every other channel is 0.
+    W_* (d, d_model), H = len(gamma) heads of hs = d_model / H. The heads land in channels
+    0..d_model-1 (y_t[h, j] in channel h hs + j, as RetNet flattens them); every other
+    channel is 0.
 
-    Y is no convolution of x: its filter Q K^T ⊙ D_γ depends on x, and Y is cubic in x
+    Y is no convolution of x: its filter Q K^T ⊙ Γ depends on x, and Y is cubic in x
     (Y(c x) = c^3 Y(x)). Written out it is a sum of gated long convolutions with a fixed
     filter, g_h[l] = γ_h^l:
         y_t[h, j] = Σ_{s<=t} γ_h^{t-s} (q_t · k_s) v_s[j]
                   = Σ_i q_t[h, i] (g_h * (k_hi ⊙ v_hj))_t,
     hs^2 channels per head: `outer_product_conv_as_baseconv` with hd = hs, no short filter
-    (s = e_0), K = g_h and W_o = I. (L, N', d') = (4, T, max(d, (2 + hs) D)): the hs x hs
+    (s = e_0), K = g_h and W_o = I. (L, N', d') = (4, T, max(d, (2 + hs) d_model)): the hs x hs
     per-head state of the recurrent form, as hs^2 channels.
     """
     check_int("T", T, 1, "an integer >= 1")
-    H, D = len(gamma), W_q.shape[1]
-    if D % H:
-        raise ValueError(f"W_q has D={D} columns and gamma H={H} heads: H must divide D")
-    hs = D // H
+    H, d_model = len(gamma), W_q.shape[1]
+    if d_model % H:
+        raise ValueError(f"W_q has d_model={d_model} columns and gamma H={H} heads: H must "
+                         "divide d_model")
+    hs = d_model // H
     lags = torch.arange(T, dtype=DTYPE)
     g = gamma.to(DTYPE)[:, None] ** lags                                       # (H, T)
     return outer_product_conv_as_baseconv(
-        torch.cat([W_q, W_k, W_v], 1), torch.zeros(3 * D, dtype=DTYPE),
-        torch.ones(D, 1, dtype=DTYPE), g.repeat_interleave(hs * hs, 0),
-        torch.eye(D, dtype=DTYPE), torch.zeros(D, dtype=DTYPE), hs, T)
+        torch.cat([W_q, W_k, W_v], 1), torch.zeros(3 * d_model, dtype=DTYPE),
+        torch.ones(d_model, 1, dtype=DTYPE), g.repeat_interleave(hs * hs, 0),
+        torch.eye(d_model, dtype=DTYPE), torch.zeros(d_model, dtype=DTYPE), hs, T)
 
 
 def retnet_as_baseconv(retnet, T):
     """mixers.RetNet up to its retention heads, before the group norm (k scaled by 1/√hs as
-    the module does): baseconv_model(x, layers) = the heads y (..., T, D), and
+    the module does): baseconv_model(x, layers) = the heads y (..., T, d_model), and
     retnet._output(x, y.unflatten(-1, (H, hs))) = retnet(x).
 
     The rest is no BaseConv stack, whatever its size (a stack is a polynomial in its input):
@@ -1543,13 +1559,13 @@ def retnet_as_baseconv(retnet, T):
                                  retnet.v_proj.weight.T, retnet.gamma, T)
 
 
-def check_retnet(seed=0, D=8, T=32, num_heads=2):
+def check_retnet(seed=0, d_model=8, T=32, num_heads=2):
     """Thm 4.2: a random RetNet's heads are a BaseConv stack, cubic in x (no convolution of
     x); the group norm and swish gate on top give its output. Another decay, or no k ⊙ v
     product layer, breaks the stack."""
-    x = _input(seed, T=T, D=D)
-    H, hs = num_heads, D // num_heads
-    m = random_mixer(mixers.RetNet, D, T, seed, num_heads=H, chunk_size=4)
+    x = _input(seed, T=T, d_model=d_model)
+    H, hs = num_heads, d_model // num_heads
+    m = random_mixer(mixers.RetNet, d_model, T, seed, num_heads=H, chunk_size=4)
     layers = retnet_as_baseconv(m, T)
     with torch.no_grad():
         q, k, v = (t.transpose(1, 2) for t in m._heads(x))
@@ -1559,18 +1575,18 @@ def check_retnet(seed=0, D=8, T=32, num_heads=2):
         err_out = (m._output(x, y.unflatten(-1, (H, hs))) - m(x)).abs().max().item()
         other = retention_as_baseconv(m.q_proj.weight.T, m.k_proj.weight.T / math.sqrt(hs),
                                       m.v_proj.weight.T, m.gamma**2, T)
-        ok = (max(err, err_out) < 1e-10 and inner_dim(layers) == (4, T, (2 + hs) * D)
+        ok = (max(err, err_out) < 1e-10 and inner_dim(layers) == (4, T, (2 + hs) * d_model)
               and torch.allclose(baseconv_model(2 * x, layers), 8 * heads, atol=1e-9)
               and not any(torch.allclose(baseconv_model(x, b), heads, atol=1e-6)
                           for b in (other, layers[:1] + layers[2:])))
     return [(f"Thm 4.2 RetNet H={H}: retention heads = BaseConv stack",
-             _ok(ok) + f" max|Δ| heads {err:.0e}, output {err_out:.0e} (norm, swish outside)",
-             f"(L,N',d') = {inner_dim(layers)} = (4, T, (2+hs)D), cubic in x; group norm, "
+             _ok(ok, f" max|Δ| heads {err:.0e}, output {err_out:.0e} (norm, swish outside)"),
+             f"(L,N',d') = {inner_dim(layers)} = (4, T, (2+hs)d_model), cubic in x; group norm, "
              "swish: not polynomial")]
 
 
 def wkv_filter(w, u, T):
-    """RWKV's f (D, T): f[:, 0] = e^u, f[:, s] = e^{-(s-1) w} for s >= 1 (appendix H.2)."""
+    """RWKV's f (d_model, T): f[:, 0] = e^u, f[:, s] = e^{-(s-1) w} for s >= 1 (appendix H.2)."""
     s = torch.arange(T, dtype=DTYPE)
     return torch.where(s == 0, torch.exp(u.to(DTYPE))[:, None],
                        torch.exp(-(s - 1) * w.to(DTYPE)[:, None]))
@@ -1582,7 +1598,7 @@ def wkv_as_baseconv(w, u, W_v, mix_v, T):
         num_t = Σ_{i<t} e^{-(t-1-i) w} E_i v_i + e^u E_t v_t = (f * (E ⊙ v))_t,
         den_t = (f * E)_t,    wkv_t = num_t / den_t   (f = `wkv_filter`),
     v = x' W_v, x' = μ ⊙ x_t + (1 - μ) ⊙ x_{t-1} (RWKV's token shift: the causal filter
-    (μ, 1 - μ) per channel; μ = 1 turns it off). w, u, mix_v (D,); W_v (D, D).
+    (μ, 1 - μ) per channel; μ = 1 turns it off). w, u, mix_v (d_model,); W_v (d_model, d_model).
       1. convolution: x -> x' (filter (μ, 1 - μ)); E carried (filter e_0)
       2. product:     E slots <- (x' W_v) ⊙ (e_0 * E) = E ⊙ v; x' slots <- E (a copy: W, b2 = 1)
       3. convolution: both blocks by f
@@ -1591,16 +1607,16 @@ def wkv_as_baseconv(w, u, W_v, mix_v, T):
     scaled by any c > 0 while not constant in E, which no polynomial is.
     """
     check_int("T", T, 1, "an integer >= 1")
-    D = W_v.shape[0]
-    E, x = slice(0, D), slice(D, 2 * D)
+    d_model = W_v.shape[0]
+    E, x = slice(0, d_model), slice(d_model, 2 * d_model)
     with torch.no_grad():
-        shift = torch.stack([mix_v, 1 - mix_v], 1)                               # (D, 2)
-        h = torch.cat([impulse(T, D, 0), coeff(shift, T)])
+        shift = torch.stack([mix_v, 1 - mix_v], 1)                               # (d_model, 2)
+        h = torch.cat([impulse(T, d_model, 0), coeff(shift, T)])
         layers = convolution(h)
-        W, b1, h, b2 = _blank(T, 2 * D)
+        W, b1, h, b2 = _blank(T, 2 * d_model)
         W[x, E] = W_v.detach().to(DTYPE)
         h[E, 0] = 1.0
-        W[E, x] = torch.eye(D, dtype=DTYPE)
+        W[E, x] = torch.eye(d_model, dtype=DTYPE)
         b2[:, x] = 1.0
         layers.append(Layer(W, b1, h, b2))
         f = wkv_filter(w, u, T)
@@ -1615,29 +1631,29 @@ def rwkv_as_baseconv(rwkv, T):
     return wkv_as_baseconv(torch.exp(rwkv.w_log), rwkv.u, rwkv.value.weight.T, rwkv.mix_v, T)
 
 
-def check_rwkv(seed=0, D=8, T=32):
+def check_rwkv(seed=0, d_model=8, T=32):
     """Thm 4.2: a random RWKV's output from the stack's num, den (degree 1 in e^k, while wkv
     is unchanged by 3 e^k). Without the bonus e^u, or the token shift on v, num is another."""
-    x = _input(seed, T=T, D=D)
-    m = random_mixer(mixers.RWKV, D, T, seed, chunk_size=4)
+    x = _input(seed, T=T, d_model=d_model)
+    m = random_mixer(mixers.RWKV, d_model, T, seed, chunk_size=4)
     layers = rwkv_as_baseconv(m, T)
     w, mix_v, W_v = torch.exp(m.w_log), m.mix_v, m.value.weight.T
     with torch.no_grad():
         r, k, v = m._rkv(x, torch.nn.functional.pad(x, (0, 0, 1, -1)))
         out = baseconv_model(torch.cat([k.exp(), x], -1), layers)
-        num, den = out[..., :D], out[..., D:]
+        num, den = out[..., :d_model], out[..., d_model:]
         err = (m.out_proj(torch.sigmoid(r) * num / den) - m(x)).abs().max().item()
         scaled = mixers.wkv_reference(w, m.u, k + math.log(3.0), v)[0]
         no_bonus, no_shift = (baseconv_model(torch.cat([k.exp(), x], -1), wkv_as_baseconv(*a, T))
                               for a in ((w, 0 * m.u, W_v, mix_v), (w, m.u, W_v, 1 + 0 * mix_v)))
-        ok = (err < 1e-10 and inner_dim(layers) == (3, T, 2 * D)
+        ok = (err < 1e-10 and inner_dim(layers) == (3, T, 2 * d_model)
               and torch.allclose(scaled, num / den, atol=1e-10) and torch.allclose(
                   baseconv_model(torch.cat([3 * k.exp(), x], -1), layers), 3 * out)
-              and not torch.allclose(no_bonus[..., :D], num, atol=1e-6)
-              and not torch.allclose(no_shift[..., :D], num, atol=1e-6)
-              and torch.allclose(no_shift[..., D:], den))
+              and not torch.allclose(no_bonus[..., :d_model], num, atol=1e-6)
+              and not torch.allclose(no_shift[..., :d_model], num, atol=1e-6)
+              and torch.allclose(no_shift[..., d_model:], den))
     return [("Thm 4.2 RWKV: wkv's num, den = BaseConv stack (inputs e^k, x)",
-             _ok(ok) + f" max|Δ| {err:.0e} (σ, ÷ outside)",
+             _ok(ok, f" max|Δ| {err:.0e} (σ, ÷ outside)"),
              f"(L,N',d') = {inner_dim(layers)}; ÷ is no polynomial (num/den same for "
              "3e^k), nor is e^k")]
 
@@ -1983,11 +1999,12 @@ CHECKS = [check_convolutions, check_degree, check_kmatrices, check_primitives, c
 
 
 def report(seed=0):
-    """Rows (statement, check on random instances, resources vs bound), computed live."""
+    """Rows (statement, Check on random instances, resources vs bound), computed live."""
     return [row for check in CHECKS for row in check(seed)]
 
 
-if __name__ == "__main__":
+def main():
+    """`python theory.py`: the report as a table; exit status 1 if any check failed."""
     import sys
 
     from rich.console import Console
@@ -1995,8 +2012,11 @@ if __name__ == "__main__":
     table = Table("statement", "check", "resources vs bound",
                   title="Zoology appendix H, checked on random instances")
     report_rows = report()
-    for row in report_rows:
-        table.add_row(*row)
+    for statement, check, resources in report_rows:
+        table.add_row(statement, str(check), resources)
     Console(width=None if sys.stdout.isatty() else 160).print(table)
-    if any("FAIL" in row[1] for row in report_rows):
-        sys.exit(1)
+    return 0 if all(check.ok for _, check, _ in report_rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

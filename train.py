@@ -67,6 +67,7 @@ import sys
 import signal
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +80,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import MIXERS, check_choice, check_positive
+from mixers import (MIXERS, OFFICIAL_FORMS, OfficialSelectiveAttention, SelectiveAttention,
+                    build_mixer, check_choice, check_positive, mixer_class)
 from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, bigram_recall_sequences,
                   corpus_streams, multiquery_ar, query_key_positions, scaled_threshold,
                   sliced_perplexity)
@@ -145,23 +147,35 @@ class Config:
     progress: bool = True
     label: str = ""                   # a name for tables and figures (a sweep's model name)
 
+    @property
+    def layers(self):
+        """`mixer` parsed, one (name, options) per layer (parse_layers): parsed once, again
+        only if mixer or n_layers has changed since. Not a setting (no field of a record)."""
+        key = (self.mixer, self.n_layers)
+        if getattr(self, "_parsed", (None,))[0] != key:
+            self._parsed = (key, parse_layers(self.mixer, self.n_layers))
+        return self._parsed[1]
+
 
 # ----------------------------------------------------------------------------------------
 # the official Figure 2 configuration, one preset away
 
 # Each Figure 2 model of the official sweep (zoology/experiments/paper_configs/
-# iclr24_zoology_figure2/configs.py at commit d88d6f5) as per-layer mixer entries, cycled over
-# the layers as the official code picks them by layer index: BaseConv's kernel_size list
-# [3, -1, 3, -1] alternates a short and a long filter, the "based" Hybrid alternates a short
-# BaseConv and Based. {N} is seq_len, {i} the layer index.
+# iclr24_zoology_figure2/configs.py at commit d88d6f5): its layer i at sequence length N,
+# as (mixer, options), as the official code picks them by layer index. BaseConv's
+# kernel_size list [3, -1, 3, -1] alternates a short and a long filter; the "based" Hybrid
+# alternates a short BaseConv and Based.
+SHORT_OFFICIAL_BASE_CONV = ("base_conv", dict(kernel_size=3, form="official"))
 FIGURE2_MIXERS = {
-    "attention": ("attention:dropout=0.1",),
-    "base_conv": ("base_conv:kernel_size=3:form=official", "base_conv:form=official"),
-    "hyena": ("hyena:form=official",),
-    "h3": ("h3:form=official:d_state={N}:head_dim=2",),
-    "rwkv": ("rwkv:form=official:layer_idx={i}",),
-    "based": ("base_conv:kernel_size=3:form=official", "based:feature_dim=8"),
-    "mamba": ("mamba",),
+    "attention": lambda i, N: ("attention", dict(dropout=0.1)),
+    "base_conv": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
+                               else ("base_conv", dict(form="official"))),
+    "hyena": lambda i, N: ("hyena", dict(form="official")),
+    "h3": lambda i, N: ("h3", dict(form="official", d_state=N, head_dim=2)),
+    "rwkv": lambda i, N: ("rwkv", dict(form="official", layer_idx=i)),
+    "based": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
+                           else ("based", dict(feature_dim=8))),
+    "mamba": lambda i, N: ("mamba", {}),
 }
 
 
@@ -201,8 +215,15 @@ def figure2_values(config):
 def figure2_mixer(name, seq_len, n_layers):
     """A Figure 2 model name as its per-layer `mixer` setting, e.g. "h3" ->
     "h3:form=official:d_state=64:head_dim=2,h3:form=official:d_state=64:head_dim=2"."""
-    entries = FIGURE2_MIXERS[name]
-    return ",".join(entries[i % len(entries)].format(N=seq_len, i=i) for i in range(n_layers))
+    return mixer_setting([FIGURE2_MIXERS[name](i, seq_len) for i in range(n_layers)])
+
+
+def mixer_setting(layers):
+    """One (name, options) per layer as a `mixer` setting, the inverse of parse_layers:
+    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
+    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
+    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
+                    for name, options in layers)
 
 
 PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
@@ -285,15 +306,19 @@ def parse_layers(mixer, n_layers):
         if name not in MIXERS:
             raise ValueError(f"mixer={mixer!r} is not allowed: {name!r} is not one of "
                              f"{', '.join(MIXERS)}")
-        allowed = [p for p in inspect.signature(MIXERS[name]).parameters
-                   if p not in ("d_model", "seq_len")]
-        kwargs = {}
+        kwargs = {key: _option_value(text) for key, _, text in
+                  (option.partition("=") for option in options)}
+        # the options are those of the class of its form (official or paper)
+        cls = mixer_class(name, kwargs.get("form", "paper"))
+        allowed = [p for p in inspect.signature(cls).parameters
+                   if p not in ("d_model", "seq_len", "form")]
+        if name in OFFICIAL_FORMS:
+            allowed.append("form")
         for option in options:
             key, sep, text = option.partition("=")
             if not sep or key not in allowed:
                 raise ValueError(f"mixer option {option!r} of {name} is not allowed: write "
                                  f"key=value with key one of {', '.join(allowed)}")
-            kwargs[key] = _option_value(text)
         layers.append((name, kwargs))
     return layers * n_layers if len(layers) == 1 else layers
 
@@ -316,7 +341,6 @@ def check_config(config):
     """Raise a ValueError naming the first setting that cannot work."""
     c = config
     check_choice("preset", c.preset, tuple(PRESETS))
-    layers = parse_layers(c.mixer, c.n_layers) if c.n_layers >= 1 else []
     check_choice("block", c.block, BLOCKS)
     check_choice("init", c.init, INITS)
     check_choice("schedule", c.schedule, SCHEDULES)
@@ -324,13 +348,14 @@ def check_config(config):
     if c.schedule == "cosine_epochs" and c.warmup_steps:
         raise ValueError(f"warmup_steps={c.warmup_steps} is not allowed with "
                          "schedule='cosine_epochs': warm up with schedule='cosine'")
-    if c.mlp and c.block != "pre_norm":
+    if c.mlp and c.block == "identity_mlp":
         raise ValueError(f"mlp=True is not allowed with block={c.block!r}: that block has no "
-                         "MLP sublayer; use block='pre_norm'")
+                         "MLP sublayer; use block='pre_norm' or 'rms_pre_norm'")
     for key in ("d_model", "n_layers", "num_train", "num_test", "batch_size", "max_steps",
                 "eval_every"):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
+    c.layers                # the mixer names and option keys (their values: when built)
     for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
                 "num_valid", "checkpoint_every"):
         if not getattr(c, key) >= 0:
@@ -364,9 +389,6 @@ def check_config(config):
     elif c.vocab_size < 3:
         raise ValueError(f"vocab_size={c.vocab_size} is not allowed with task='lm': it must "
                          "be >= 3 (<unk>, <eof> and a token)")
-    with torch.random.fork_rng(devices=[]):   # build one of each, so bad options fail here
-        for name, kwargs in layers:
-            MIXERS[name](c.d_model, c.seq_len, **kwargs)
     return config
 
 
@@ -398,6 +420,21 @@ class MLP(nn.Module):
         return self.out_proj(F.gelu(self.fc(x)))
 
 
+class SwiGLU(nn.Module):
+    """The Llama MLP: out_proj(silu(gate(x)) ⊙ up(x)), no biases, hidden 8d/3 rounded up to a
+    multiple of 8: about the parameters of the 4d GELU MLP."""
+
+    def __init__(self, d_model):
+        super().__init__()
+        hidden = 8 * math.ceil(d_model / 3)
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.out_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x):
+        return self.out_proj(F.silu(self.gate(x)) * self.up(x))
+
+
 class Block(nn.Module):
     """One residual block around a mixer; `kind` is one of BLOCKS.
 
@@ -408,7 +445,8 @@ class Block(nn.Module):
                   every Figure 2 model but Mamba ran. It returns (norm2(residual), residual)
                   and the next block, or the final norm, adds the two: "no MLP" there is the
                   identity in the MLP's place, not a missing second sublayer.
-    rms_pre_norm  x = x + mixer(RMSNorm(x)): the official MambaBlock (Figure 2's Mamba).
+    rms_pre_norm  x = x + mixer(RMSNorm(x)): the official MambaBlock (Figure 2's Mamba);
+                  with mlp, then x = x + SwiGLU(RMSNorm(x)): the Llama block.
     """
 
     def __init__(self, mixer, d_model, kind="pre_norm", mlp=False):
@@ -416,8 +454,10 @@ class Block(nn.Module):
         self.kind, self.mixer = kind, mixer
         self.norm1 = (nn.RMSNorm(d_model, eps=1e-5) if kind == "rms_pre_norm"
                       else nn.LayerNorm(d_model))
-        self.norm2 = nn.LayerNorm(d_model) if mlp or kind == "identity_mlp" else None
-        self.mlp = MLP(d_model) if mlp else None
+        rms = kind == "rms_pre_norm"
+        self.norm2 = ((nn.RMSNorm(d_model, eps=1e-5) if rms else nn.LayerNorm(d_model))
+                      if mlp or kind == "identity_mlp" else None)
+        self.mlp = (SwiGLU(d_model) if rms else MLP(d_model)) if mlp else None
 
     def _second_sublayer(self, x):
         if self.mlp is not None:
@@ -442,15 +482,16 @@ class LanguageModel(nn.Module):
         super().__init__()
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        layers = parse_layers(c.mixer, c.n_layers)
+        layers = c.layers
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
-                   all(MIXERS[name].uses_positions for name, _ in layers)))
+                   all(mixer_class(name, kw.get("form", "paper")).uses_positions
+                       for name, kw in layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(MIXERS[name](c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
+            Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
             for name, kwargs in layers)
         self.norm = nn.LayerNorm(c.d_model)
         init_weights(self, c.init, c.n_layers, c.block)
@@ -579,6 +620,32 @@ def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
     model.train()
     return (correct / total, loss_sum / total) if with_loss else correct / total
 
+
+@torch.no_grad()
+def selected_rows(model, inputs, labels, batch_size=256):
+    """For each selective-attention layer of `model` (none: []), in eval mode over (inputs,
+    labels): the mean number of rows it keeps per example ("rows"), the share of query
+    (labelled) positions among them ("queries") and the share of query positions it keeps
+    ("coverage"): what Section 5's selections attend at."""
+    layers = [b.mixer for b in model.blocks
+              if isinstance(b.mixer, (SelectiveAttention, OfficialSelectiveAttention))]
+    if not layers:
+        return []
+    model.eval()
+    kept = [[] for _ in layers]
+    for i in range(0, len(inputs), batch_size):
+        model(inputs[i:i + batch_size])
+        for k, layer in zip(kept, layers):
+            k.append(layer.selected != 0)
+    model.train()
+    queries = labels != IGNORE
+    stats = []
+    for k in kept:
+        k = torch.cat(k)
+        hits = int((k & queries).sum())
+        stats.append({"rows": int(k.sum()) / len(k), "queries": hits / int(k.sum()),
+                      "coverage": hits / int(queries.sum())})
+    return stats
 
 def evaluation(model, valid, test, config, final=False):
     """The scores of one evaluation of `model` on the validation and test splits, each an
@@ -832,6 +899,7 @@ def train(config):
         last = history[-1] if history and history[-1]["step"] == step else {}
         whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
         final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
+        selection = selected_rows(model, *test)          # (random rows: the run's generator)
         asked = stop_requested()       # also a Ctrl-C during the last step or evaluation
     record = {
         "schema": RECORD_SCHEMA, "config": dataclasses.asdict(c), "test_acc": final["test_acc"],
@@ -844,6 +912,8 @@ def train(config):
         record["valid_acc"] = final["valid_acc"]
     if "valid_loss" in final:
         record["valid_loss"] = final["valid_loss"]
+    if selection:
+        record["selection"] = selection        # one entry per selective-attention layer
     if run["resumed"]:
         record["resumed"] = run["resumed"]     # where it continued, and what ran it there
     if c.save_model:                       # the weights first: a record means they are there
@@ -987,6 +1057,7 @@ FIG2_MODELS = {name: name for name in FIGURE2_MIXERS}
 BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Figure 2's stack
 # c = 512 and 1M fresh examples (8000 steps of 128, none seen twice): README, "The paper's
 # experiments", says why
+LR_GRID = [3e-4, 1e-3, 3e-3, 1e-2]                  # fig2_lr: the cpu fig2 lr and 3x around it
 CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_000],
                 max_steps=[8000], eval_every=[500], num_valid=[1000])
 # Figure 2's lower rows: BaseConv with input-dependent filters (Thm 4.5), after a short
@@ -1000,9 +1071,23 @@ INPUT_DEPENDENT_MODELS = {
 WINDOW_MODELS = {"attention": "attention", "sliding window 8": "sliding_window:window=9",
                  "sliding window 32": "sliding_window:window=33",
                  "blocked 32": "blocked_attention:block_size=32"}
-HYBRID_MODELS = {"base_conv": BASE_CONV, "attention": "attention", **{
-    f"+ {s} selection": f"base_conv:kernel_size=3,selective_attention:selection={s}"
-    for s in ("programmatic", "learned", "random")}}
+
+
+def hybrid_models(N, D):
+    """Section 5's models at (N, D): both pure ones, and a short BaseConv then selective
+    attention with each selection: programmatic, learned (its budget k = N/4), programmatic
+    on a budget of ⌈√N⌉ rows (the official code's inference k), and two random controls,
+    one with as many rows as programmatic selection keeps on every MQAR example
+    (N - 2D - 1: mixers.SelectiveAttention) and one with learned selection's budget."""
+    hybrid = "base_conv:kernel_size=3,selective_attention:"
+    return {"base_conv": BASE_CONV, "attention": "attention",
+            "+ programmatic selection": hybrid + "selection=programmatic",
+            "+ learned selection": hybrid + "selection=learned",
+            f"+ programmatic, first {math.ceil(math.sqrt(N))} repeats":
+                hybrid + f"selection=programmatic:top_k={math.ceil(math.sqrt(N))}",
+            "+ random, as many rows as programmatic":
+                hybrid + f"selection=random:top_k={N - 2 * D - 1}",
+            "+ random, learned budget": hybrid + f"selection=random:top_k={N // 4}"}
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",
              "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
@@ -1021,7 +1106,10 @@ EVERY_MIXER_MODELS = {
                                                        position_embedding="learned"),
     "the Based stack": "base_conv:kernel_size=3,based",
     "BaseConv + programmatic selective attention":
-        "base_conv,selective_attention:selection=programmatic"}
+        "base_conv,selective_attention:selection=programmatic",
+    # the recall mixers since the paper (issue 25)
+    "GLA": "gla", "Mamba-2": "mamba2", "DeltaNet": "deltanet", "Gated DeltaNet": "gated_deltanet",
+    "RWKV-7": "rwkv7"}
 # Figure 2 at N = 64 on the paper's own budget, on two CPU cores: --preset=figure2 (the
 # official forms and recipe, c = 8192, 64 epochs of 100,000 examples, batch 512), BaseConv's
 # official short-then-long stack at d = 64 and 128 and attention at d = 64 as the anchor.
@@ -1065,19 +1153,27 @@ SWEEPS = {
         "paper": dict(models=WINDOW_MODELS, preset=["figure2"], seq_len=[256], power_a=[0.1],
                       num_kv_pairs=[8, 16, 32, 64], d_model=[64, 128, 256], lr=PAPER_LRS,
                       seed=[0, 1, 2], num_valid=[3000]),
-        # N = 64 and D <= 4: attention itself stays on its 1/D plateau at D = 8 on this
-        # budget (README, "Figure 6 at cpu scale")
-        "cpu": dict(models=WINDOW_MODELS, seq_len=[64], power_a=[0.1], num_kv_pairs=[1, 2, 4],
-                    d_model=[64], vocab_size=[512], lr=[3e-3], seed=[0, 1, 2],
-                    num_train=[512_000], max_steps=[4000], num_valid=[1000]),
+        # D <= 4: attention itself stays on its 1/D plateau at D = 8 on this budget (README,
+        # "Figure 6 at cpu scale"). At N = 64 two layers of window 33 reach every key; at
+        # N = 128 neither window does (reach_bound), so there the claim can fail
+        "cpu": [dict(models=WINDOW_MODELS, seq_len=[N], power_a=[0.1], num_kv_pairs=[1, 2, 4],
+                     d_model=[64], vocab_size=[512], lr=[3e-3], seed=[0, 1, 2],
+                     num_train=[512_000], max_steps=[4000], num_valid=[1000])
+                for N in (64, 128)],
     },
     # Section 5: a BaseConv model with one selective-attention layer, against both pure ones
     "hybrids": {
-        "paper": dict(models=HYBRID_MODELS, nd=[(64, 4), (128, 8), (256, 16)], d_model=[64],
-                      lr=PAPER_LRS, seed=[0, 1, 2], max_steps=[8000], num_valid=[1000]),
-        "cpu": dict(models=HYBRID_MODELS, nd=[(64, 4)], d_model=[64], lr=[3e-3],
+        "paper": [dict(models=hybrid_models(N, D), nd=[(N, D)], d_model=[64], lr=PAPER_LRS,
+                       seed=[0, 1, 2], max_steps=[8000], num_valid=[1000])
+                  for N, D in [(64, 4), (128, 8), (256, 16)]],
+        "cpu": dict(models=hybrid_models(64, 4), nd=[(64, 4)], d_model=[64], lr=[3e-3],
                     seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
     },
+    # learning-rate robustness (Okpekpe and Orvieto, 2025, arXiv 2508.19029): the cpu fig2
+    # models at N = 32, d = 128, at four lrs and three seeds; lr 3e-3 is fig2's own grid
+    "fig2_lr": {"cpu": dict(models={"attention": "attention", "base_conv": BASE_CONV,
+                                    "h3": "h3", "hyena": "hyena", "rwkv": "rwkv"},
+                            nd=[(32, 4)], d_model=[128], **{**CPU_FIG2, "lr": LR_GRID})},
     "fig2_pilot": {"cpu": [dict(**grid, **FIG2_EPOCHS, lr=PAPER_LRS,
                                 budget_steps=[PILOT_EPOCHS * math.ceil(100_000 / 512)])
                            for grid in FIG2_EPOCHS_GRIDS]},
@@ -1448,9 +1544,10 @@ def reachable(config, q, k):
     filter, a recurrence) reads the whole prefix, and so does a stack with one.
     """
     option = lambda name, kwargs, key: kwargs.get(
-        key, inspect.signature(MIXERS[name]).parameters[key].default)
+        key, inspect.signature(mixer_class(name, kwargs.get("form", "paper")))
+        .parameters[key].default)
     reach, blocks = 0, set()
-    for name, kwargs in parse_layers(config.mixer, config.n_layers):
+    for name, kwargs in config.layers:
         if name == "sliding_window":
             reach += option(name, kwargs, "window") - 1
         elif name == "short_conv" or (name == "base_conv" and kwargs.get("kernel_size")):
@@ -1482,6 +1579,29 @@ def state_size(config):
     return sum(b.mixer.state_size(config.seq_len) for b in model.blocks)
 
 
+# one colour per model across every figure; a label not listed gets one from its name
+MODEL_COLORS = {"attention": 0, "base_conv": 2, "BaseConv": 2, "h3": 4, "H3": 4, "hyena": 6,
+                "Hyena": 6, "rwkv": 8, "RWKV": 8, "retnet": 10, "based": 12, "mamba": 14,
+                "sliding window 8": 16, "sliding window 32": 18, "blocked 32": 1,
+                "programmatic filters": 3, "autocorrelation filters": 5,
+                "+ programmatic selection": 7, "+ learned selection": 9,
+                "+ random, as many rows as programmatic": 11, "+ random, learned budget": 13,
+                "attention + short conv": 15}
+
+
+def model_color(label):
+    """The colour of a model (MODEL_COLORS; tab20), the same in every figure; a label not
+    listed takes one of the colours no listed model has, by its name."""
+    import matplotlib
+    spare = sorted(set(range(20)) - set(MODEL_COLORS.values()))
+    index = MODEL_COLORS.get(label, spare[zlib.crc32(label.encode()) % len(spare)])
+    return matplotlib.colormaps["tab20"](index)
+
+
+def dodge(x, i, n, spread=0.05):
+    """x moved right or left, on a log axis, for the i-th of n series that share it."""
+    return x * 2 ** (spread * (i - (n - 1) / 2))
+
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
@@ -1500,36 +1620,49 @@ def plot_sweep(name):
     panel_keys, x_key = PLOT_AXES[name]
     panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    colors = {label: f"C{i}" for i, label in enumerate(labels)}
+    colors = {label: model_color(label) for label in labels}
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        for label in labels:
+        in_panel = [label for label in labels if any(
+            r["label"] == label and tuple(r[k] for k in panel_keys) == panel for r in rows)]
+        single = len({r[x_key] for r in rows if tuple(r[k] for k in panel_keys) == panel}) == 1
+        for i, label in enumerate(in_panel):
             here = [r for r in rows if r["label"] == label
                     and tuple(r[k] for k in panel_keys) == panel]
-            if not here:
-                continue
             x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
             half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
-            ax.errorbar(x, y, yerr=[[min(h, v) for h, v in zip(half, y)],         # within [0, 1]
-                                    [min(h, 1 - v) for h, v in zip(half, y)]],
-                        marker="o", ms=3, capsize=2, color=colors[label], label=label)
+            err = [[min(h, v) for h, v in zip(half, y)],                     # within [0, 1]
+                   [min(h, 1 - v) for h, v in zip(half, y)]]
+            if single:                           # one x for every model: bars side by side
+                ax.bar(i, y[0], yerr=[[e[0]] for e in err], capsize=2, color=colors[label],
+                       label=label)
+                continue
+            ax.errorbar([dodge(v, i, len(in_panel)) for v in x], y, yerr=err, marker="o",
+                        ms=3, capsize=2, color=colors[label], label=label)
             paper = paper_points(name, label, here[0]["seq_len"])
-            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.4,
+            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.5,
                        color=colors[label])
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))    # 4, not 4.0
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if single:                               # the bars named below them
+            ax.set_xticks(range(len(in_panel)), in_panel, rotation=30, ha="right", fontsize=7)
+            ax.set_xlabel(f"{SYMBOLS[x_key]} = {rows[0][x_key]}")
+        else:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # 4, not 4.0
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xlabel(SYMBOLS[x_key])
         ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
                      fontsize=9)
-        ax.set_xlabel(SYMBOLS[x_key])
     vocab = sorted({r["config"]["vocab_size"] for r in records})
+    steps = sorted({r["config"]["max_steps"] for r in records})
     paper = "\n(x: the paper's Figure 2 at c = 8192, read off the plot)" if name == "fig2" else ""
-    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}: mean and 95% interval over "
+    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}, at most "
+                 f"{', '.join(f'{s:,}' for s in steps)} steps\nmean and 95% interval over "
                  f"seeds{paper}", fontsize=9)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    if not single:
+        axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(f"results/{name}.png", dpi=120)
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -1539,7 +1672,7 @@ def plot_sweep(name):
         ax.scatter(state_size(config), row["test_acc"], color=colors[row["label"]], s=12)
     for label in labels:
         ax.scatter([], [], color=colors[label], label=label)
-    ax.set_xscale("log")
+    ax.set_xscale("symlog", linthresh=1)            # a state of 0 (blocked attention at t = N)
     ax.set(xlabel="recurrent state size (numbers per example, all layers)",
            ylabel="test accuracy", ylim=(0, 1.02))
     ax.legend(fontsize=7)
@@ -1559,16 +1692,22 @@ def plot_sweep(name):
 PAPER_TABLE1 = {"attention": (11.01, 2.16, 12.45), "hyena": (11.60, 5.00, 12.28),
                 "rwkv": (11.64, 5.70, 12.29), "h3": (12.06, 6.75, 12.60),
                 "long_conv": (16.98, 25.62, 16.46)}
-LM_MODELS = {"attention": "attention", "base_conv": BASE_CONV, "hyena": "hyena", "h3": "h3",
-             "rwkv": "rwkv"}
-LM_LABELS = {"attention": "attention", "base_conv": "BaseConv", "hyena": "Hyena", "h3": "H3",
-             "rwkv": "RWKV"}                     # the tables' names for them
-# one recipe for every model: same width and depth, the CPU recipe's optimiser, a budget of
-# minutes per model on two cores (README, "The recall gap on real text")
+LM_MODELS = {"attention": "attention:rotary=true",
+             "attention_short_conv": "attention:rotary=true:short_conv=3",
+             "base_conv": BASE_CONV, "hyena": "hyena", "h3": "h3", "rwkv": "rwkv"}
+LM_LABELS = {"attention": "attention", "attention_short_conv": "attention + short conv",
+             "base_conv": "BaseConv", "hyena": "Hyena", "h3": "H3", "rwkv": "RWKV"}
+# one recipe for every model, so that only the mixer differs: the same width and depth and
+# the Llama block around each mixer (RMSNorm, a SwiGLU MLP; the paper's attention baseline
+# follows the Llama recipe, Section 3.1), no learned positions (attention turns q and k by
+# rotary positions), a budget of minutes per model on two cores (README, "The recall gap
+# on real text"). The learning rate is each model's own: LM_LRS, chosen on validation.
 LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4, mlp=True,
-                 batch_size=32, lr=3e-3, num_train=25_600, num_test=500, num_valid=0,
-                 max_steps=800, eval_every=200, eval_probe=0, target_acc=1.0,
-                 save_model=True, out_dir="results/lm")
+                 block="rms_pre_norm", position_embedding="none", batch_size=32,
+                 num_train=25_600, num_test=500, num_valid=500, max_steps=800, eval_every=200,
+                 eval_probe=0, target_acc=1.0, save_model=True, out_dir="results/lm")
+LM_LRS = (1e-3, 3e-3, 1e-2)        # each model's rate: the least validation loss of these
+LM_SEEDS = (0, 1)                  # the first chooses the rate, every one trains at it
 
 
 @torch.no_grad()
@@ -1602,65 +1741,107 @@ APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4
 
 
 def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
-    """Section 3.1 on a corpus: train LM_MODELS with LM_RECIPE (and `overrides`, Config keys),
-    score every token of the held-out contexts, and slice the perplexity by AR hits
-    (mqar.ar_hits; threshold None: the paper's 1,250 scaled to the training tokens); then run
-    appendix G on them (g_samples sequences per P). Writes lm_outputs(out_dir), by default
-    results/lm.json, results/lm.png and results/lm_appendix_g.png; returns the summary that
-    the JSON holds."""
+    """Section 3.1 on a corpus: LM_MODELS with LM_RECIPE (and `overrides`, Config keys).
+
+    1. Every model trains at every rate of LM_LRS with the first seed of LM_SEEDS; its rate
+       is the one of least validation loss (the validation split: held-out contexts after
+       the test ones; the test split decides nothing).
+    2. Every model trains with the other seeds at its rate.
+    3. Each (model, seed) scores every token of the held-out test contexts, and its
+       perplexity is sliced as Section 3.1 does: on AR hits (mqar.ar_hits; threshold None:
+       the paper's 1,250 scaled to the training tokens) and on the other tokens, with the
+       share of its gap to attention (of the same seed) due to the AR hits; then appendix G
+       on it (g_samples sequences per P).
+    An `lr` or `seed` among the overrides fixes it (no choice; one seed). Finished runs are
+    loaded, not trained again: a killed experiment resumes at the run it was in. Writes
+    lm_outputs(out_dir), by default results/lm.json (the summary this returns) and
+    results/lm.png, lm_curves.png and lm_appendix_g.png.
+    """
     settings = {**LM_RECIPE, **(overrides or {})}
-    # a stack of several mixers (BaseConv's short, then long) repeats over the layers
-    configs = {label: make_config(**{**settings, "label": label, "mixer": ",".join(
-                   itertools.islice(itertools.cycle(mixer.split(",")), settings["n_layers"]))})
-               for label, mixer in LM_MODELS.items()}
-    config = configs["attention"]                      # every model sees the same data
-    _, (x_test, y_test), _ = lm_data(config)
-    rows, nll, models = [], {}, {}
-    for label, config in tqdm(configs.items(), desc="language models", unit="model"):
-        models[label], record = trained_model(config)
-        nll[label] = token_nll(models[label], x_test, y_test)
-        rows.append(dict(label=label, mixer=config.mixer, n_params=record["n_params"],
-                         steps=record["steps"], train_time_s=record["train_time_s"]))
-    train_ids, _, vocabulary = corpus_streams(config.corpus or None, config.vocab_size)
+    lrs = (settings.pop("lr"),) if "lr" in settings else LM_LRS
+    seeds = (settings.pop("seed"),) if "seed" in settings else LM_SEEDS
+    if len(lrs) > 1 and settings["num_valid"] == 0:
+        raise ValueError(f"num_valid=0 is not allowed while the experiment chooses among "
+                         f"{len(lrs)} learning rates: the choice reads the validation loss; "
+                         "give num_valid > 0, or one --lr")
+
+    def config(label, lr, seed):          # a stack of mixers repeats over the layers
+        stack = itertools.islice(itertools.cycle(LM_MODELS[label].split(",")),
+                                 settings["n_layers"])
+        return make_config(**{**settings, "label": label, "mixer": ",".join(stack), "lr": lr,
+                              "seed": seed})
+
+    valid_loss = {}
+    for label, lr in tqdm([(label, lr) for label in LM_MODELS for lr in lrs],
+                          desc="learning rates", unit="run", disable=len(lrs) == 1):
+        record = finished_record(config(label, lr, seeds[0])) or train(config(label, lr, seeds[0]))
+        valid_loss[label, lr] = record.get("valid_loss", math.nan)
+    least = lambda label: lambda lr: (math.inf if math.isnan(valid_loss[label, lr])
+                                      else valid_loss[label, lr])
+    chosen = {label: min(lrs, key=least(label)) for label in LM_MODELS}
+
+    any_run = config(next(iter(LM_MODELS)), lrs[0], seeds[0])     # the held-out data of all
+    _, (x_test, y_test), _ = lm_data(any_run)
+    train_ids, _, vocabulary = corpus_streams(any_run.corpus or None, any_run.vocab_size)
     threshold = scaled_threshold(len(train_ids)) if threshold is None else threshold
     contexts = torch.cat([x_test[:, :1], y_test], 1).numpy()                 # (B, T + 1)
     # the AR hits at the experiment's threshold and, to show how the slice depends on the
     # frequency cut, at looser ones and at none (no bigram occurs more often than that)
     bigrams = bigram_counts(train_ids, len(vocabulary))
-    hits = {t: ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:]
-            for t in sorted({threshold, 10, 100, len(train_ids)})}
+    thresholds = sorted({threshold, 10, 100, len(train_ids)})
+    hits = {t: ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:] for t in thresholds}
+    # appendix G at the models' own length: P up to seq_len / 4, the vocabulary but <unk>
+    # and <eof>, its most frequent character (id 2) as the filler
+    pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= any_run.seq_len]
+    rows, nll = [], {}
+    for label, seed in tqdm([(label, seed) for label in LM_MODELS for seed in seeds],
+                            desc="language models", unit="model"):
+        model, record = trained_model(config(label, chosen[label], seed))
+        nll[label, seed] = token_nll(model, x_test, y_test)
+        rows.append(dict(
+            label=label, seed=seed, lr=chosen[label], mixer=record["config"]["mixer"],
+            n_params=record["n_params"], steps=record["steps"],
+            train_time_s=record["train_time_s"], final_loss=record["history"][-1]["loss"],
+            valid_loss=record.get("valid_loss", math.nan),
+            curve=[[e["step"], e["valid_loss"]] for e in record["history"] if "valid_loss" in e],
+            **sliced_perplexity(nll[label, seed], hits[threshold]),
+            ppl_ar_by_threshold=[sliced_perplexity(nll[label, seed], hits[t])["ppl_ar"]
+                                 for t in thresholds],
+            appendix_g=appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
+                                  pairs, g_samples, any_run.seq_len, batch_size=50)))
     for row in rows:
-        row.update(sliced_perplexity(nll[row["label"]], hits[threshold]))
-        row["ar_share"] = (ar_gap_share(nll["attention"], nll[row["label"]], hits[threshold])
-                           if row["label"] != "attention" else float("nan"))
-    by_threshold = [dict(threshold=t, ar_tokens=int(h.sum()), ppl_ar={
-                        label: sliced_perplexity(v, h)["ppl_ar"] for label, v in nll.items()},
-                        ar_share={label: ar_gap_share(nll["attention"], v, h)
-                                  for label, v in nll.items() if label != "attention"})
-                    for t, h in hits.items()]
-    # appendix G on the same models, at their own length: P up to seq_len / 4, the
-    # vocabulary but <unk> and <eof>, its most frequent character (id 2) as the filler
-    pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= config.seq_len]
-    curves = {label: appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
-                                pairs, g_samples, config.seq_len, batch_size=50)
-              for label, model in models.items()}
-    summary = dict(corpus=config.corpus or "the Python standard library",
-                   train_tokens=len(train_ids), threshold=threshold, rows=rows,
-                   by_threshold=by_threshold, appendix_g=curves)
-    summary_path, bars_path, curves_path = lm_outputs(config.out_dir)
+        reference = nll.get(("attention", row["seed"]))
+        row["ar_share"] = (math.nan if reference is None or row["label"] == "attention" else
+                           ar_gap_share(reference, nll[row["label"], row["seed"]],
+                                        hits[threshold]))
+    summary = dict(corpus=any_run.corpus or "the Python standard library",
+                   train_tokens=len(train_ids), threshold=threshold, lrs=list(lrs),
+                   seeds=list(seeds), tokens_per_step=any_run.batch_size * any_run.seq_len,
+                   lr_valid_loss={label: [valid_loss[label, lr] for lr in lrs]
+                                  for label in LM_MODELS},
+                   thresholds=[dict(threshold=t, ar_tokens=int(hits[t].sum()))
+                               for t in thresholds], rows=rows)
+    summary_path, bars_path, curves_path, g_path = lm_outputs(any_run.out_dir)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(strict_json(summary))
-    plot_lm(rows, bars_path)
-    plot_appendix_g(curves, curves_path,
-                    f"appendix G on the LMs of --task=lm (N = {config.seq_len})")
+    budget = (f"{any_run.max_steps:,} steps of {summary['tokens_per_step']:,} tokens, "
+              f"seeds {', '.join(map(str, seeds))}")
+    plot_lm(rows, bars_path, budget)
+    plot_lm_curves(rows, summary["tokens_per_step"], curves_path, budget)
+    plot_appendix_g({LM_LABELS.get(r["label"], r["label"]): r["appendix_g"]
+                     for r in rows if r["seed"] == seeds[0]}, g_path,
+                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, "
+                    f"seed {seeds[0]})")
     return summary
 
 
 def lm_outputs(out_dir):
     """The files an LM experiment with records in `out_dir` writes beside that folder: its
-    summary (JSON), the sliced perplexities and the appendix G curves (PNG)."""
+    summary (JSON), the sliced perplexities, the validation curves and the appendix G
+    curves (PNG)."""
     folder = Path(out_dir)
     return (folder.with_name(folder.name + ".json"), folder.with_name(folder.name + ".png"),
+            folder.with_name(folder.name + "_curves.png"),
             folder.with_name(folder.name + "_appendix_g.png"))
 
 
@@ -1683,20 +1864,59 @@ def gap_share_text(share, ppl, ppl_attention):
     return f"{100 * share:.0f}%" if ppl > ppl_attention else "no gap"
 
 
-def plot_lm(rows, path):
-    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model."""
+def plot_lm(rows, path, budget):
+    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model:
+    each bar the geometric mean over the model's seeds (the perplexity of their tokens
+    pooled), each seed a dot."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
     for i, (key, name) in enumerate([("ppl", "all tokens"), ("ppl_ar", "AR hits"),
                                      ("ppl_other", "other tokens")]):
-        ax.bar([j + 0.27 * (i - 1) for j in range(len(rows))], [r[key] for r in rows],
-               width=0.27, label=name)
-    ax.set_xticks(range(len(rows)), [r["label"] for r in rows])
+        x = [j + 0.27 * (i - 1) for j in range(len(labels))]
+        seeds = [[r[key] for r in rows if r["label"] == label] for label in labels]
+        ax.bar(x, [math.exp(np.mean(np.log(v))) for v in seeds], width=0.27, label=name,
+               color=f"C{i}", alpha=0.7)
+        for xi, v in zip(x, seeds):
+            ax.plot([xi] * len(v), v, "k.", ms=3)
+    ax.set_xticks(range(len(labels)), [LM_LABELS.get(label, label) for label in labels],
+                  fontsize=7)
     ax.set(ylabel="perplexity (log scale)", yscale="log",
-           title="held-out perplexity, sliced by AR hits (Section 3.1)")
+           title=f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_lm_curves(rows, tokens_per_step, path, budget):
+    """Validation perplexity against training tokens, log-log (where a power law is a
+    line, so that the reader sees where each curve is heading): one colour per model, one
+    line style per seed, each model at its chosen rate."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    seeds = sorted({r["seed"] for r in rows})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        if not r["curve"]:
+            continue
+        steps, loss = zip(*r["curve"])
+        name = LM_LABELS.get(r["label"], r["label"])
+        ax.plot([s * tokens_per_step for s in steps], np.exp(loss), marker="o", ms=3,
+                color=model_color(name), ls=("-", "--", ":", "-.")[seeds.index(r["seed"]) % 4],
+                label=f"{name} (lr {r['lr']:g}, seed {r['seed']})")
+    ax.set(xscale="log", yscale="log", xlabel="training tokens",
+           ylabel="validation perplexity (full split)",
+           title=f"validation perplexity while training\n{budget}")
+    if any(r["curve"] for r in rows):
+        ax.legend(fontsize=6)
+    else:
+        ax.text(0.5, 0.5, "no validation split (num_valid = 0)", ha="center",
+                transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -1764,10 +1984,11 @@ def plot_appendix_g(curves, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for i, (label, rows) in enumerate(curves.items()):
+    for label, rows in curves.items():
         P = [r["num_pairs"] for r in rows]
-        ax.plot(P, [r["ppl_ar"] for r in rows], marker="o", color=f"C{i}", label=f"{label}, AR")
-        ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=f"C{i}",
+        ax.plot(P, [r["ppl_ar"] for r in rows], marker="o", color=model_color(label),
+                label=f"{label}, AR")
+        ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=model_color(label),
                 label=f"{label}, filler")
     ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity",
            title=title)
@@ -1869,7 +2090,8 @@ def model_order(name):
 
 def cells_table(name):
     """The cells of results/<name> (cells): model, N, D, d, mean test accuracy ± 95%, each
-    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64."""
+    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64; for
+    hybrids the rows the selection attends at (selected_rows, mean over the seeds)."""
     rows = cells(load_records(f"results/{name}"))
     order = model_order(name)
     rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
@@ -1877,6 +2099,8 @@ def cells_table(name):
     header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
     if name == "fig2":
         header.append("the paper (N = 64)")
+    if name == "hybrids":
+        header += ["rows attended", "of them queries", "queries attended"]
     if name == "fig6":
         header.append("reachable")
     table = []
@@ -1889,6 +2113,11 @@ def cells_table(name):
         if name == "fig2":
             paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
             row.append("" if paper is None else f"{paper:.2f}")
+        if name == "hybrids":
+            stats = [run["selection"][0] for run in runs if "selection" in run]
+            mean = lambda key: sum(s[key] for s in stats) / len(stats)
+            row += ([f"{mean('rows'):.1f}", f"{mean('queries'):.2f}", f"{mean('coverage'):.2f}"]
+                    if stats else ["–", "–", "–"])
         if name == "fig6":
             bounds = [reach_bound(Config(**run["config"])) for run in runs]
             row.append(f"{sum(bounds) / len(bounds):.3f}")
@@ -1922,37 +2151,45 @@ def runs_table(records, name="", curves=False):
     return markdown(header, table)
 
 
-def lm_results(out_dir):
-    """An LM experiment's summary (its JSON) and each model's final training loss (its
-    record), as lm_tables takes them."""
-    summary = json.loads(lm_outputs(out_dir)[0].read_text())
-    return summary, {r["config"]["label"]: r["history"][-1]["loss"] for r in load_records(out_dir)}
+def lm_summary(out_dir):
+    """The summary an LM experiment with records in `out_dir` wrote (run_lm_experiment)."""
+    return json.loads(lm_outputs(out_dir)[0].read_text())
 
 
-def lm_tables(s, final_loss):
-    """The three tables of an LM experiment (run_lm_experiment's summary `s` and the models'
-    final training losses): the sliced perplexities next to the paper's Table 1, the AR
-    perplexity by the threshold of an AR hit, and appendix G's AR perplexity by P."""
-    reference = next(r["ppl"] for r in s["rows"] if r["label"] == "attention")
-    names = {label: LM_LABELS.get(label, label) for label in (r["label"] for r in s["rows"])}
+def lm_tables(s):
+    """The four tables of an LM experiment (run_lm_experiment's summary `s`): each (model,
+    seed)'s sliced perplexities next to the paper's Table 1; the validation loss of each
+    model at each rate (the first seed), and the rate chosen; the AR perplexity by the
+    threshold of an AR hit; and appendix G's AR perplexity by P."""
+    name = lambda label: LM_LABELS.get(label, label)
+    number = lambda x, digits: "–" if x is None else f"{x:.{digits}f}"     # None: NaN in JSON
+    reference = {r["seed"]: r["ppl"] for r in s["rows"] if r["label"] == "attention"}
     sliced = markdown(
-        ["model", "params", "steps", "training s", "final training loss", "ppl", "AR ppl",
-         "other ppl", "AR tokens", "gap due to AR", "the paper (Table 1: ppl / AR / other)"],
-        [[names[r["label"]], f"{r['n_params']:,}", f"{r['steps']:,}", f"{r['train_time_s']:.0f}",
-          f"{final_loss[r['label']]:.2f}", f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
+        ["model", "seed", "lr", "params", "steps", "training s", "final training loss",
+         "valid loss", "ppl", "AR ppl", "other ppl", "AR tokens", "gap due to AR",
+         "the paper (Table 1: ppl / AR / other)"],
+        [[name(r["label"]), str(r["seed"]), f"{r['lr']:g}", f"{r['n_params']:,}",
+          f"{r['steps']:,}", f"{r['train_time_s']:.0f}", f"{r['final_loss']:.2f}",
+          number(r["valid_loss"], 3), f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
           f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
-          gap_share_text(r["ar_share"], r["ppl"], reference),
-          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))] for r in s["rows"]])
+          gap_share_text(r["ar_share"], r["ppl"], reference.get(r["seed"], math.inf)),
+          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))]
+         for r in s["rows"]])
+    chosen = {r["label"]: r["lr"] for r in s["rows"]}
+    rates = markdown(
+        ["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
+        [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
+         for label, losses in s["lr_valid_loss"].items()])
     thresholds = markdown(
-        ["threshold", "AR tokens", *names.values()],
-        [[f"{t['threshold']:,}", f"{t['ar_tokens']:,}",
-          *(f"{t['ppl_ar'][label]:.1f}" for label in names)] for t in s["by_threshold"]])
-    curves = s["appendix_g"]
-    pairs = [row["num_pairs"] for row in next(iter(curves.values()))]
-    appendix = markdown(["AR perplexity", *(f"P = {p}" for p in pairs)],
-                        [[names[label], *(f"{row['ppl_ar']:,.0f}" for row in rows)]
-                         for label, rows in curves.items()])
-    return {"": sliced, "thresholds": thresholds, "appendix_g": appendix}
+        ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
+                            for t in s["thresholds"])],
+        [[name(r["label"]), str(r["seed"]), *(f"{v:.1f}" for v in r["ppl_ar_by_threshold"])]
+         for r in s["rows"]])
+    pairs = [g["num_pairs"] for g in s["rows"][0]["appendix_g"]]
+    appendix = markdown(["AR perplexity", "seed", *(f"P = {p}" for p in pairs)],
+                        [[name(r["label"]), str(r["seed"]),
+                          *(f"{g['ppl_ar']:,.0f}" for g in r["appendix_g"])] for r in s["rows"]])
+    return {"": sliced, "lr": rates, "thresholds": thresholds, "appendix_g": appendix}
 
 
 # the folders whose runs make one table each (not sweeps), and whether it shows the curves
@@ -1962,8 +2199,8 @@ RUN_TABLES = {"main": False, "every_mixer": False, "seeds": False, "figure2_cpu"
 
 def markdown_table(name):
     """`--table=NAME`: the README's table of results/NAME. A sweep's cells (fig2, fig6,
-    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:thresholds,
-    lm:appendix_g (and likewise for an LM experiment in another folder, e.g. lm_2400)."""
+    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:lr,
+    lm:thresholds, lm:appendix_g (and likewise for an LM experiment in another folder)."""
     folder, _, part = name.partition(":")
     if folder in PLOT_AXES:
         check_choice("table part", part, ("", "trend"))
@@ -1973,13 +2210,13 @@ def markdown_table(name):
     if folder in RUN_TABLES:
         return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
     if lm_outputs(f"results/{folder}")[0].exists():
-        tables = lm_tables(*lm_results(f"results/{folder}"))
+        tables = lm_tables(lm_summary(f"results/{folder}"))
         check_choice("table part", part, tuple(tables))
         return tables[part]
     raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
                      f"a folder of runs ({', '.join([*RUN_TABLES, *FOLDER_TABLES])}) or an LM "
                      "experiment with "
-                     "its summary in results/ (lm, lm:thresholds, lm:appendix_g)")
+                     "its summary in results/ (lm, lm:lr, lm:thresholds, lm:appendix_g)")
 
 
 # ----------------------------------------------------------------------------------------
@@ -2083,7 +2320,67 @@ def plot_epochs(name="fig2_epochs"):
     return path
 
 
-FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table}     # --table=NAME
+
+# ----------------------------------------------------------------------------------------
+# learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
+
+PASS = 0.9                                   # a run "solves" the cell above this test accuracy
+
+
+def lr_table(name="fig2_lr"):
+    """One row per model: the test accuracy of every seed at every lr, and the share of
+    (lr, seed) runs above PASS."""
+    records = load_records(f"results/{name}")
+    order = model_order(name)
+    by_model = {}
+    for r in records:
+        by_model.setdefault(r["config"]["label"], []).append(r)
+    lrs = sorted({r["config"]["lr"] for r in records})
+    rows = []
+    for label in sorted(by_model, key=lambda l: order.get(l, len(order))):
+        runs = by_model[label]
+        at = lambda lr: sorted((r for r in runs if r["config"]["lr"] == lr),
+                               key=lambda r: r["seed"])
+        passed = sum(r["test_acc"] > PASS for r in runs)
+        rows.append([label, *(" ".join(acc_text(r["test_acc"]) for r in at(lr)) for lr in lrs),
+                     f"{passed}/{len(runs)}"])
+    return markdown(["model", *(f"lr {lr:g}" for lr in lrs), f"runs above {PASS}"], rows)
+
+
+def plot_lr(name="fig2_lr"):
+    """results/<name>.png: test accuracy against the learning rate, one panel per model,
+    one line per seed, PASS dotted. Returns the path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
+                         f"(python train.py --sweep={name})")
+    order = model_order(name)
+    labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
+    fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
+                             squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        runs = [r for r in records if r["config"]["label"] == label]
+        for seed in sorted({r["seed"] for r in runs}):
+            points = sorted((r["config"]["lr"], r["test_acc"]) for r in runs if r["seed"] == seed)
+            ax.plot(*zip(*points), marker="o", ms=3, label=f"seed {seed}")
+        ax.axhline(PASS, color="grey", ls=":", lw=1)
+        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02))
+    c = records[0]["config"]
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
+                 f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
+    fig.tight_layout()
+    path = f"results/{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
+                "fig2_lr": lr_table}
 
 
 # ----------------------------------------------------------------------------------------
@@ -2124,15 +2421,20 @@ def plot_curves(records, path):
                                             shape(r["config"]))):
         c, h = r["config"], r["history"]
         label = c["label"] or c["mixer"]
-        color = colors.setdefault(label, f"C{len(colors) % 10}")
+        color = colors.setdefault(label, model_color(label))
         i = shapes.setdefault(label, {}).setdefault(shape(c), len(shapes[label]))
-        ax.plot([e["step"] * c["batch_size"] for e in h],
-                [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
+        x = [e["step"] * c["batch_size"] for e in h]
+        ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
                 ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
                 label="{} N={} D={} d={}".format(label, *shape(c)))
+        probes = [(xe, e["test_probe"]) for xe, e in zip(x, h) if "test_acc" not in e]
+        if probes:                               # a probe's score: hollow
+            ax.plot(*zip(*probes), ls="", marker="os^vDx"[i % 6], ms=3, color="white",
+                    markeredgecolor=color)
     ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
            title="MQAR, c = " + ", ".join(sorted({str(r["config"]["vocab_size"])
-                                                   for r in records})))
+                                                   for r in records}))
+           + " (hollow: the first 500 test examples, a probe; filled: all)")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -2169,8 +2471,10 @@ def main(argv):
         if "--table" in flags:
             print(markdown_table(flags["--table"]))
             return 0
-        if flags.get("--plot") == "fig2_epochs":
-            print(f"{epochs_table()}\nwrote {plot_epochs()}")
+        if flags.get("--plot") in ("fig2_epochs", "fig2_lr"):
+            table, plot = {"fig2_epochs": (epochs_table, plot_epochs),
+                           "fig2_lr": (lr_table, plot_lr)}[flags["--plot"]]
+            print(f"{table()}\nwrote {plot()}")
             return 0
         if "--plot" in flags:
             _, paths = plot_sweep(flags["--plot"])
@@ -2238,7 +2542,8 @@ def main(argv):
             for flag in ("--seeds", "--bench"):
                 if flag in flags:
                     raise ValueError(f"{flag} is not allowed with --task=lm: the experiment "
-                                     "trains one model of each kind with LM_RECIPE")
+                                     "trains every model of LM_MODELS with LM_RECIPE at the "
+                                     "seeds of LM_SEEDS (--seed=N: one seed)")
             threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
                          if "--ar_threshold" in flags else None)
             if threshold is not None and threshold < 0:
@@ -2249,8 +2554,10 @@ def main(argv):
             titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
                           f"{summary['threshold']:,} ({summary['train_tokens']:,} training "
                           "tokens)", "thresholds": "AR perplexity by the threshold of an AR hit",
+                      "lr": "validation loss at each learning rate (seed "
+                            f"{summary['seeds'][0]}), and the rate each model trains at",
                       "appendix_g": "appendix G: AR perplexity by the number of pairs P"}
-            for part, table in lm_tables(*lm_results(out_dir)).items():
+            for part, table in lm_tables(summary).items():
                 print(f"{titles[part]}\n{table}\n")
             print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
             return 0
@@ -2281,6 +2588,9 @@ def main(argv):
             continue
         try:
             records.append(train(run))
+        except ValueError as e:       # a setting only the model or the data can check
+            print(f"train.py: {e}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             print(f"interrupted; record written to {path}", file=sys.stderr)
             return 130
