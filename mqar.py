@@ -222,6 +222,7 @@ def query_key_positions(inputs, labels):
 # ----------------------------------------------------------------------------------------
 # the older single-query AR task (Section 3), for contrast
 
+
 def associative_recall(num_examples, vocab_size=40, seq_len=33, seed=0):
     """Single-query associative recall, as in the H3 / Hyena synthetics (Section 3).
 

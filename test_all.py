@@ -814,6 +814,7 @@ def test_rotary_scores_depend_on_relative_positions_only():
     with pytest.raises(ValueError, match="rotary=True is not allowed with a head size of 5"):
         mixers.Attention(10, 8, num_heads=2, rotary=True)
 
+
 def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
     """short_conv=3: attention(x + conv(x)), with the plain layer's weights; and the conv's
     filter reaches 2 tokens back, so it changes the output."""
@@ -827,6 +828,7 @@ def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
         assert not torch.allclose(m(x), plain(x))
     with pytest.raises(ValueError, match="short_conv=-1 is not allowed"):
         mixers.Attention(16, 24, short_conv=-1)
+
 
 def test_window_and_block_states_have_the_documented_sizes():
     d = 16
@@ -2364,6 +2366,7 @@ def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
         assert torch.equal(torch.get_rng_state(), before)
     assert [h["loss"] for h in records[0]["history"]] == [h["loss"] for h in records[1]["history"]]
 
+
 WORKERS_SCRIPT = """import sys, train
 train.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
     seq_len=[16], num_kv_pairs=[2], vocab_size=[64], d_model=[16], num_train=[256],
@@ -2418,6 +2421,7 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
 def test_where_a_sweep_runs_refuses_options_that_would_do_nothing(args, message, capsys):
     assert train.main(args) == 2 and message in capsys.readouterr().err
 
+
 def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     """A run that fails keeps its log and is named in SweepFailed; the others run to the
     end and leave no log. (train.py replaced by a script that fails for seed 1.)"""
@@ -2430,6 +2434,7 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
         train.run_in_processes(runs, 2, "test")
     [log] = tmp_path.glob("*.log")
     assert "-s1-" in log.name and "ran" in log.read_text()
+
 
 def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path, monkeypatch):
     """submit_sweep with submitit's LocalExecutor (real processes, no Slurm): a job array of
@@ -2948,6 +2953,7 @@ def test_llama_block_is_its_formula():
             steps.append(out)
     assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
 
+
 def test_a_model_has_one_colour_in_every_figure():
     """model_color: the same for a label every time (also one not listed), the same for the
     two names of one model, different for different listed models, and an unlisted label
@@ -2957,6 +2963,7 @@ def test_a_model_has_one_colour_in_every_figure():
     assert len(set(listed.values())) == len(set(train.MODEL_COLORS.values()))
     assert train.model_color("a new mixer") == train.model_color("a new mixer")
     assert train.model_color("a new mixer") not in listed.values()
+
 
 def test_normal_init_leaves_mixers_that_keep_their_own():
     c = small_config(mixer="mamba,hyena")
@@ -3652,6 +3659,7 @@ def test_theory_check_passes(check, sizes):
     (seed 1): each runs its construction on random instances and its negative controls."""
     rows = check(seed=1 if sizes else 0, **sizes)
     assert rows and all(isinstance(check, th.Check) and check.ok for _, check, _ in rows), rows
+
 
 def test_theory_report_shows_each_check_and_fails_on_a_failed_one(monkeypatch, capsys):
     """The report colours a check's bool, not its text: a failed check makes the exit

@@ -647,6 +647,7 @@ def selected_rows(model, inputs, labels, batch_size=256):
                       "coverage": hits / int(queries.sum())})
     return stats
 
+
 def evaluation(model, valid, test, config, final=False):
     """The scores of one evaluation of `model` on the validation and test splits, each an
     (inputs, labels) pair.
@@ -1088,6 +1089,8 @@ def hybrid_models(N, D):
             "+ random, as many rows as programmatic":
                 hybrid + f"selection=random:top_k={N - 2 * D - 1}",
             "+ random, learned budget": hybrid + f"selection=random:top_k={N // 4}"}
+
+
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",
              "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
@@ -1369,9 +1372,17 @@ def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_p
         **({"slurm_partition": partition} if partition else {}))
     previous = os.environ.get("PYTHONPATH")           # the local jobs inherit it
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, previous]))
+    # local jobs inherit SIGINT's disposition too, and submitit cancels one with SIGINT: from a
+    # shell's background job (`nohup ... &`), which starts with SIGINT ignored, no job could
+    # be cancelled, so the jobs start with Python's own handler
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return executor.map_array(module.SweepJob(), todo)
     finally:
+        if main_thread and interrupt is not None:      # None: a handler set outside Python
+            signal.signal(signal.SIGINT, interrupt)
         if previous is None:
             del os.environ["PYTHONPATH"]
         else:
@@ -1503,6 +1514,7 @@ def trend_table(name):
     return markdown(["model", "N", "D", "widths d", "runs", "correlation of log d and "
                      "accuracy", "one-sided p (permutation)"], table)
 
+
 # ----------------------------------------------------------------------------------------
 # figures: the paper's layout, drawn from the records in results/<sweep>/
 
@@ -1601,6 +1613,7 @@ def model_color(label):
 def dodge(x, i, n, spread=0.05):
     """x moved right or left, on a log axis, for the i-th of n series that share it."""
     return x * 2 ** (spread * (i - (n - 1) / 2))
+
 
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
@@ -2320,9 +2333,9 @@ def plot_epochs(name="fig2_epochs"):
     return path
 
 
-
 # ----------------------------------------------------------------------------------------
 # learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
+
 
 PASS = 0.9                                   # a run "solves" the cell above this test accuracy
 
@@ -2378,6 +2391,7 @@ def plot_lr(name="fig2_lr"):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
 
 FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
                 "fig2_lr": lr_table}
