@@ -2417,9 +2417,35 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--sweep=main", "--launcher=slurm", "--parallel=-1"], "--parallel=-1 is not allowed"),
     (["--sweep=main", "--dry_run", "--workers=2"], "--workers is not allowed with --dry_run"),
     (["--workers=2"], "--launcher and --workers are not allowed without --sweep"),
-    (["--sweep=main", "--workers=0"], "workers=0 is not allowed")])
+    (["--sweep=main", "--workers=0"], "workers=0 is not allowed"),
+    (["--dry_run"], "--dry_run and --scale are not allowed without --sweep"),
+    (["--scale=paper", "--mixer=h3"], "--dry_run and --scale are not allowed without --sweep")])
 def test_where_a_sweep_runs_refuses_options_that_would_do_nothing(args, message, capsys):
     assert train.main(args) == 2 and message in capsys.readouterr().err
+
+
+COMMAND_FUNCTIONS = ("table_command", "plot_command", "submit_command", "sweep_command",
+                     "hf_command", "lm_command", "run_command")
+
+
+@pytest.mark.parametrize("args,chosen", [
+    ([], "sweep_command"), (["--sweep=fig2", "--dry_run"], "sweep_command"),
+    (["--table=main"], "table_command"), (["--plot=fig2"], "plot_command"),
+    (["--sweep=fig2", "--launcher=slurm"], "submit_command"), (["--hf=gpt2"], "hf_command"),
+    (["--task=lm", "--max_steps=4"], "lm_command"), (["--mixer=h3"], "run_command"),
+    (["--bench"], "run_command"), (["--seeds=3", "--lr=1e-3"], "run_command")])
+def test_main_hands_each_command_to_its_own_function(args, chosen, monkeypatch):
+    """main dispatches: exactly one command function runs, with the flags and the
+    --key=value settings split apart, and its exit status is main's."""
+    called = []
+    for name in COMMAND_FUNCTIONS:
+        monkeypatch.setattr(train, name, lambda flags, rest, name=name: called.append(
+            (name, flags, rest)) or 7)
+    assert train.main(args) == 7 and [c[0] for c in called] == [chosen]
+    _, flags, rest = called[0]
+    assert sorted([*(f"{k}={v}" if v else k for k, v in flags.items()), *rest]) == sorted(args)
+    assert all(a.split("=")[0] in train.COMMANDS for a in flags) and not any(
+        a.split("=")[0] in train.COMMANDS for a in rest)
 
 
 def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
@@ -2662,13 +2688,25 @@ def test_t_quantile_is_students(dof, quantile):
         assert abs((t.abs() < quantile).double().mean().item() - 0.95) < 0.002
 
 
+# sweeps whose runs are still training (hours of CPU, over sessions): their committed records
+# must be runs the sweep lists, but some are missing, and the README says so
+PENDING_SWEEPS = ("fig6", "fig2_lr", "frontier")
+
+
 def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
-    lines write today: no file under an old name, no run missing, none extra."""
-    for name in ("main", "every_mixer", "fig2", "fig6", "hybrids", "f2"):
+    lines write today: no file under an old name, no run missing, none extra. A sweep still
+    training (PENDING_SWEEPS) may miss runs, and the README names it as pending."""
+    readme = (REPO / "README.md").read_text()
+    for name in ("main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "fig2_lr", "frontier"):
         want = {REPO / train.record_path(train.make_config(**overrides))
                 for _, overrides in train.sweep_runs(name, "cpu")}
-        assert want == set((REPO / "results" / name).glob("*.json")), name
+        have = set((REPO / "results" / name).glob("*.json"))
+        assert have <= want, (name, sorted(p.name for p in have - want))
+        if name in PENDING_SWEEPS:
+            assert f"--sweep={name}` (runs pending" in readme, name
+        else:
+            assert have == want, (name, sorted(p.name for p in want - have))
 
 
 def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
@@ -3720,7 +3758,10 @@ def test_readme_results_tables_are_what_the_records_print(monkeypatch):
     number changed by hand, or a record that no longer gives it, fails here."""
     tables = README_TABLE.findall((REPO / "README.md").read_text())
     names = [name for name, _ in tables]
-    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2", "lm"} <= set(names)
+    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2"} <= set(names)
+    # results still training land with their table: fig2_lr's records, the LM's summary
+    assert (not list((REPO / "results" / "fig2_lr").glob("*.json"))) or "fig2_lr" in names
+    assert (not (REPO / "results" / "lm.json").exists()) or {"lm", "lm:lr"} <= set(names)
     monkeypatch.chdir(REPO)
     for name, table in tables:
         assert table.rstrip("\n") == train.markdown_table(name), f"--table={name}"

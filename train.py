@@ -24,7 +24,7 @@ Usage:
   python train.py --preset=figure2 --mixer=base_conv --budget_steps=2000
                                       a Figure 2 run, stopped after a CPU budget
   python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2,
-                                      every_mixer, fig2_pilot, fig2_epochs) at scale cpu
+                                      every_mixer, fig2_lr, fig2_pilot, fig2_epochs) at cpu
                                       or paper; records in results/<sweep>/, finished
                                       runs skipped, unfinished ones continued;
                                       --workers=K runs K at once; --launcher=slurm submits
@@ -35,8 +35,10 @@ Usage:
   python train.py --table=fig2        the README's Markdown table of results/fig2 (a sweep,
                                       a folder of runs or an LM experiment: markdown_table)
   python train.py --task=lm [--corpus=PATH]   Section 3.1 on real text: tiny language
-                                      models, their held-out perplexity sliced by AR hits
-                                      (results/lm.json, results/lm.png); --ar_threshold=N;
+                                      models, each at the rate of least validation loss,
+                                      two seeds, their held-out perplexity sliced by AR
+                                      hits (results/lm.json, lm.png, lm_curves.png,
+                                      lm_appendix_g.png); --ar_threshold=N;
                                       --out_dir=results/NAME writes results/NAME.json ...
   python train.py --hf=NAME_OR_PATH   appendix G on a Hugging Face causal LM (optional
                                       package transformers): AR and filler perplexity
@@ -88,7 +90,7 @@ from mqar import (IGNORE, ar_gap_share, ar_hits, bigram_counts, bigram_recall_se
 
 
 # ----------------------------------------------------------------------------------------
-# defaults: the one block a user edits or overrides with --key=value
+# defaults: the one block a user edits or overrides with --key=value, and their checks
 
 @dataclasses.dataclass
 class Config:
@@ -155,78 +157,6 @@ class Config:
         if getattr(self, "_parsed", (None,))[0] != key:
             self._parsed = (key, parse_layers(self.mixer, self.n_layers))
         return self._parsed[1]
-
-
-# ----------------------------------------------------------------------------------------
-# the official Figure 2 configuration, one preset away
-
-# Each Figure 2 model of the official sweep (zoology/experiments/paper_configs/
-# iclr24_zoology_figure2/configs.py at commit d88d6f5): its layer i at sequence length N,
-# as (mixer, options), as the official code picks them by layer index. BaseConv's
-# kernel_size list [3, -1, 3, -1] alternates a short and a long filter; the "based" Hybrid
-# alternates a short BaseConv and Based.
-SHORT_OFFICIAL_BASE_CONV = ("base_conv", dict(kernel_size=3, form="official"))
-FIGURE2_MIXERS = {
-    "attention": lambda i, N: ("attention", dict(dropout=0.1)),
-    "base_conv": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
-                               else ("base_conv", dict(form="official"))),
-    "hyena": lambda i, N: ("hyena", dict(form="official")),
-    "h3": lambda i, N: ("h3", dict(form="official", d_state=N, head_dim=2)),
-    "rwkv": lambda i, N: ("rwkv", dict(form="official", layer_idx=i)),
-    "based": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
-                           else ("based", dict(feature_dim=8))),
-    "mamba": lambda i, N: ("mamba", {}),
-}
-
-
-def figure2_batch_size(seq_len):
-    """The official sweep's batch size by sequence length: 512 up to N = 128, then halved."""
-    return 512 if seq_len <= 128 else 256 if seq_len <= 256 else 128 if seq_len <= 512 else 64
-
-
-def figure2_values(config):
-    """The settings of the official Figure 2 runs (configs.py, zoology/config.py defaults,
-    zoology/model.py, zoology/train.py) for config's mixer, seq_len and n_layers.
-
-    Recipe: AdamW with PyTorch's default betas and weight decay 0.1 on every parameter, no
-    clipping, no warmup, CosineAnnealingLR(T_max=64) stepped after each of 64 epochs of
-    100,000 examples in a fixed order (the official DataLoader does not shuffle; its last
-    batch of an epoch is partial), evaluation on 3,000 test examples after every epoch, early
-    stop above 0.99. One deviation: the official trainer stops on the test accuracy; here a
-    validation split of 3,000 more examples decides (evaluation), and the test split is only
-    reported. Model: the official block and init (init="gpt2"), embedding dropout 0.1;
-    Mamba runs in the official MambaBlock (RMSNorm pre-norm, no dropout). The sweep's lr is
-    one of logspace(-4, -2, 4) (the caller's `lr`), and Figure 2 reports the best of the four.
-    """
-    c = config
-    batch = figure2_batch_size(c.seq_len)
-    epoch = math.ceil(100_000 / batch)                       # steps in one epoch
-    values = dict(block="identity_mlp", mlp=False, dropout=0.1, init="gpt2",
-                  position_embedding="auto", vocab_size=8192, power_a=0.01, num_train=100_000,
-                  num_test=3_000, num_valid=3_000, batch_size=batch, beta2=0.999, weight_decay=0.1,
-                  decay_all=True, grad_clip=0.0, warmup_steps=0,
-                  max_steps=64 * epoch, schedule="cosine_epochs", shuffle=False,
-                  eval_every=epoch, eval_probe=0, target_acc=0.99)
-    if c.mixer == "mamba":
-        values.update(block="rms_pre_norm", dropout=0.0)
-    return values
-
-
-def figure2_mixer(name, seq_len, n_layers):
-    """A Figure 2 model name as its per-layer `mixer` setting, e.g. "h3" ->
-    "h3:form=official:d_state=64:head_dim=2,h3:form=official:d_state=64:head_dim=2"."""
-    return mixer_setting([FIGURE2_MIXERS[name](i, seq_len) for i in range(n_layers)])
-
-
-def mixer_setting(layers):
-    """One (name, options) per layer as a `mixer` setting, the inverse of parse_layers:
-    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
-    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
-    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
-                    for name, options in layers)
-
-
-PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
 
 
 def make_config(preset="cpu", **overrides):
@@ -321,6 +251,14 @@ def parse_layers(mixer, n_layers):
                                  f"key=value with key one of {', '.join(allowed)}")
         layers.append((name, kwargs))
     return layers * n_layers if len(layers) == 1 else layers
+
+
+def mixer_setting(layers):
+    """One (name, options) per layer as a `mixer` setting, the inverse of parse_layers:
+    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
+    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
+    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
+                    for name, options in layers)
 
 
 def _option_value(text):
@@ -1046,6 +984,112 @@ def save_record(record, path):
 
 
 # ----------------------------------------------------------------------------------------
+# the benchmark: labelled-only projection vs logits at every position
+
+def bench(config):
+    c = config
+    device = resolve_device(c.device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(c.seed)
+        model = LanguageModel(c).to(device)
+    optimizer = make_optimizer(model, c)
+    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
+                                   c.power_a, seed=c.seed)
+    inputs, labels = inputs.to(device), labels.to(device)
+
+    def step_seconds(loss_fn):
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
+        t0 = time.perf_counter()
+        loss = loss_fn(model, inputs, labels)
+        loss = loss[0] if isinstance(loss, tuple) else loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if device.type != "cpu":
+            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
+        return time.perf_counter() - t0
+
+    # alternate the two, so that a busy moment of the machine hits both alike
+    times = {labelled_loss: [], full_logits_loss: []}
+    for i in range(12):                                # the first two rounds warm up
+        for fn in times:
+            seconds = step_seconds(fn)
+            if i >= 2:
+                times[fn].append(seconds)
+    ours, full = (sorted(t)[len(t) // 2] for t in times.values())
+    print(f"training step, {c.mixer}, B={c.batch_size}, N={c.seq_len}, D={c.num_kv_pairs}, "
+          f"d={c.d_model}, c={c.vocab_size}, {device} (median of 10 steps each, alternating)")
+    print(f"  logits at the {c.num_kv_pairs} labelled positions per example: {ours * 1e3:8.1f} ms")
+    print(f"  logits at all {c.seq_len} positions (official harness): {full * 1e3:8.1f} ms")
+    print(f"  speedup {full / ours:.1f}x")
+
+
+# ----------------------------------------------------------------------------------------
+# the official Figure 2 configuration, one preset away
+
+# Each Figure 2 model of the official sweep (zoology/experiments/paper_configs/
+# iclr24_zoology_figure2/configs.py at commit d88d6f5): its layer i at sequence length N,
+# as (mixer, options), as the official code picks them by layer index. BaseConv's
+# kernel_size list [3, -1, 3, -1] alternates a short and a long filter; the "based" Hybrid
+# alternates a short BaseConv and Based.
+SHORT_OFFICIAL_BASE_CONV = ("base_conv", dict(kernel_size=3, form="official"))
+FIGURE2_MIXERS = {
+    "attention": lambda i, N: ("attention", dict(dropout=0.1)),
+    "base_conv": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
+                               else ("base_conv", dict(form="official"))),
+    "hyena": lambda i, N: ("hyena", dict(form="official")),
+    "h3": lambda i, N: ("h3", dict(form="official", d_state=N, head_dim=2)),
+    "rwkv": lambda i, N: ("rwkv", dict(form="official", layer_idx=i)),
+    "based": lambda i, N: (SHORT_OFFICIAL_BASE_CONV if i % 2 == 0
+                           else ("based", dict(feature_dim=8))),
+    "mamba": lambda i, N: ("mamba", {}),
+}
+
+
+def figure2_batch_size(seq_len):
+    """The official sweep's batch size by sequence length: 512 up to N = 128, then halved."""
+    return 512 if seq_len <= 128 else 256 if seq_len <= 256 else 128 if seq_len <= 512 else 64
+
+
+def figure2_values(config):
+    """The settings of the official Figure 2 runs (configs.py, zoology/config.py defaults,
+    zoology/model.py, zoology/train.py) for config's mixer, seq_len and n_layers.
+
+    Recipe: AdamW with PyTorch's default betas and weight decay 0.1 on every parameter, no
+    clipping, no warmup, CosineAnnealingLR(T_max=64) stepped after each of 64 epochs of
+    100,000 examples in a fixed order (the official DataLoader does not shuffle; its last
+    batch of an epoch is partial), evaluation on 3,000 test examples after every epoch, early
+    stop above 0.99. One deviation: the official trainer stops on the test accuracy; here a
+    validation split of 3,000 more examples decides (evaluation), and the test split is only
+    reported. Model: the official block and init (init="gpt2"), embedding dropout 0.1;
+    Mamba runs in the official MambaBlock (RMSNorm pre-norm, no dropout). The sweep's lr is
+    one of logspace(-4, -2, 4) (the caller's `lr`), and Figure 2 reports the best of the four.
+    """
+    c = config
+    batch = figure2_batch_size(c.seq_len)
+    epoch = math.ceil(100_000 / batch)                       # steps in one epoch
+    values = dict(block="identity_mlp", mlp=False, dropout=0.1, init="gpt2",
+                  position_embedding="auto", vocab_size=8192, power_a=0.01, num_train=100_000,
+                  num_test=3_000, num_valid=3_000, batch_size=batch, beta2=0.999, weight_decay=0.1,
+                  decay_all=True, grad_clip=0.0, warmup_steps=0,
+                  max_steps=64 * epoch, schedule="cosine_epochs", shuffle=False,
+                  eval_every=epoch, eval_probe=0, target_acc=0.99)
+    if c.mixer == "mamba":
+        values.update(block="rms_pre_norm", dropout=0.0)
+    return values
+
+
+def figure2_mixer(name, seq_len, n_layers):
+    """A Figure 2 model name as its per-layer `mixer` setting, e.g. "h3" ->
+    "h3:form=official:d_state=64:head_dim=2,h3:form=official:d_state=64:head_dim=2"."""
+    return mixer_setting([FIGURE2_MIXERS[name](i, seq_len) for i in range(n_layers)])
+
+
+PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
+
+
+# ----------------------------------------------------------------------------------------
 # the paper's sweeps: one run per grid point, one JSON file per run, resumable
 
 # Each sweep as {scale: grid or list of grids}. A grid lists its models as label -> mixer
@@ -1110,9 +1154,16 @@ EVERY_MIXER_MODELS = {
     "the Based stack": "base_conv:kernel_size=3,based",
     "BaseConv + programmatic selective attention":
         "base_conv,selective_attention:selection=programmatic",
-    # the recall mixers since the paper (issue 25)
+    # the recall mixers since the paper
     "GLA": "gla", "Mamba-2": "mamba2", "DeltaNet": "deltanet", "Gated DeltaNet": "gated_deltanet",
     "RWKV-7": "rwkv7"}
+# the recall frontier: each mixer after a short BaseConv layer, as the official code trains
+# the mixers since the paper (zoology/experiments/models_repo.py at d88d6f5: a per-layer
+# hybrid of BaseConv with kernel 3 and the mixer); attention and BaseConv alike, so that only
+# the second layer differs
+FRONTIER_MODELS = {name: f"base_conv:kernel_size=3,{name}"
+                   for name in ("attention", "base_conv", "based", "mamba", "gla", "mamba2",
+                                "deltanet", "gated_deltanet", "rwkv7")}
 # Figure 2 at N = 64 on the paper's own budget, on two CPU cores: --preset=figure2 (the
 # official forms and recipe, c = 8192, 64 epochs of 100,000 examples, batch 512), BaseConv's
 # official short-then-long stack at d = 64 and 128 and attention at d = 64 as the anchor.
@@ -1132,6 +1183,17 @@ SWEEPS = {
     "main": {"cpu": dict(models={"attention": "attention",
                                  "base_conv": BASE_CONV}, max_steps=[1000])},
     "every_mixer": {"cpu": dict(models=EVERY_MIXER_MODELS, max_steps=[1000])},
+    # accuracy against recurrent state size (results/frontier_state.png), the picture of
+    # Figure 2's right panel and of the Based paper, with the mixers of 2024-25 on it
+    "frontier": {
+        "paper": dict(models=FRONTIER_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
+                      nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
+                      num_valid=[3000]),
+        # D = 16 at N = 64 fills half the context with pairs: where a small state runs out
+        "cpu": dict(models=FRONTIER_MODELS, nd=[(64, 4), (64, 16)], d_model=[32, 64],
+                    lr=[3e-3], seed=[0], num_train=[256_000], max_steps=[2000],
+                    num_valid=[1000]),
+    },
     "fig2": {
         "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, preset=["figure2"],
                       lr=PAPER_LRS, seed=[0, 1, 2],
@@ -1535,7 +1597,8 @@ SYMBOLS = {"seq_len": "N", "num_kv_pairs": "D", "d_model": "d", "vocab_size": "c
 # per sweep: the keys that make a panel, and the x axis
 PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
              "fig6": (("seq_len", "d_model"), "num_kv_pairs"),
-             "hybrids": (("d_model",), "seq_len"), "f2": (("seq_len", "num_kv_pairs"), "d_model")}
+             "hybrids": (("d_model",), "seq_len"), "f2": (("seq_len", "num_kv_pairs"), "d_model"),
+             "frontier": (("seq_len", "num_kv_pairs"), "d_model")}
 
 
 def paper_points(sweep, label, seq_len):
@@ -1584,6 +1647,12 @@ def reach_bound(config):
     return reachable(config, q, k).double().mean().item()
 
 
+def cell_reach_bound(cell):
+    """reach_bound of a cell (a row of cells), averaged over its runs' test splits."""
+    bounds = [reach_bound(Config(**run["config"])) for run in cell["runs"]]
+    return sum(bounds) / len(bounds)
+
+
 def state_size(config):
     """Numbers of recurrent state per example after seq_len tokens, over every layer."""
     with torch.random.fork_rng(devices=[]):
@@ -1598,16 +1667,18 @@ MODEL_COLORS = {"attention": 0, "base_conv": 2, "BaseConv": 2, "h3": 4, "H3": 4,
                 "programmatic filters": 3, "autocorrelation filters": 5,
                 "+ programmatic selection": 7, "+ learned selection": 9,
                 "+ random, as many rows as programmatic": 11, "+ random, learned budget": 13,
-                "attention + short conv": 15}
+                "attention + short conv": 15,
+                # tab20b after tab20: one hue each for the mixers since the paper
+                "gla": 20, "mamba2": 24, "deltanet": 28, "gated_deltanet": 32, "rwkv7": 36}
 
 
 def model_color(label):
-    """The colour of a model (MODEL_COLORS; tab20), the same in every figure; a label not
-    listed takes one of the colours no listed model has, by its name."""
+    """The colour of a model (MODEL_COLORS: 0-19 tab20, 20-39 tab20b), the same in every
+    figure; a label not listed takes one of the colours no listed model has, by its name."""
     import matplotlib
-    spare = sorted(set(range(20)) - set(MODEL_COLORS.values()))
+    spare = sorted(set(range(40)) - set(MODEL_COLORS.values()))
     index = MODEL_COLORS.get(label, spare[zlib.crc32(label.encode()) % len(spare)])
-    return matplotlib.colormaps["tab20"](index)
+    return matplotlib.colormaps["tab20" if index < 20 else "tab20b"](index % 20)
 
 
 def dodge(x, i, n, spread=0.05):
@@ -1656,6 +1727,11 @@ def plot_sweep(name):
             paper = paper_points(name, label, here[0]["seq_len"])
             ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.5,
                        color=colors[label])
+            if name == "fig6":                   # the best a model can do: its reach bound
+                bound = [cell_reach_bound(r) for r in sorted(here, key=lambda r: r[x_key])]
+                if min(bound) < 1:
+                    ax.plot([dodge(v, i, len(in_panel)) for v in x], bound, ls="--", lw=1,
+                            color=colors[label])
         if single:                               # the bars named below them
             ax.set_xticks(range(len(in_panel)), in_panel, rotation=30, ha="right", fontsize=7)
             ax.set_xlabel(f"{SYMBOLS[x_key]} = {rows[0][x_key]}")
@@ -1668,7 +1744,9 @@ def plot_sweep(name):
                      fontsize=9)
     vocab = sorted({r["config"]["vocab_size"] for r in records})
     steps = sorted({r["config"]["max_steps"] for r in records})
-    paper = "\n(x: the paper's Figure 2 at c = 8192, read off the plot)" if name == "fig2" else ""
+    paper = {"fig2": "\n(x: the paper's Figure 2 at c = 8192, read off the plot)",
+             "fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
+             }.get(name, "")
     fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}, at most "
                  f"{', '.join(f'{s:,}' for s in steps)} steps\nmean and 95% interval over "
                  f"seeds{paper}", fontsize=9)
@@ -1696,6 +1774,346 @@ def plot_sweep(name):
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
     return rows, [f"results/{name}.png", f"results/{name}_state.png",
                   f"results/{name}_curves.png"]
+
+
+# ----------------------------------------------------------------------------------------
+# tables: Markdown from the records, exactly as the README shows them (a test compares)
+
+ENDED = {"target_reached": "target", "max_steps": "max_steps", "budget_steps": "budget",
+         "diverged": "diverged", "interrupted": "interrupted"}
+
+
+def markdown(header, rows):
+    """A Markdown table: the header, its rule, one line per row."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(map(str, row)) + " |" for row in lines)
+
+
+def acc_text(value):
+    """An accuracy as the tables print it: three decimals, no leading zero (.993, 1.000)."""
+    return f"{value:.3f}".removeprefix("0")
+
+
+def examples_seen(config, steps):
+    """Training examples the first `steps` steps drew (an epoch's last batch may be partial)."""
+    c = config
+    epochs, rest = divmod(steps, steps_per_epoch(c))
+    return epochs * c.num_train + min(rest * c.batch_size, c.num_train)
+
+
+def steps_text(records):
+    """The steps the runs took and why they ended, e.g. "650–800 (target)"."""
+    steps = sorted(r["steps"] for r in records)
+    span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
+    ends = {}
+    for r in records:
+        ends[ENDED[r["ended"]]] = ends.get(ENDED[r["ended"]], 0) + 1
+    why = next(iter(ends)) if len(ends) == 1 else ", ".join(f"{n} {e}" for e, n in ends.items())
+    return f"{span} ({why})"
+
+
+def model_order(name):
+    """The labels of sweep `name`'s models in the order SWEEPS lists them (tables follow it)."""
+    order = {}
+    for scale in SWEEPS.get(name, {}):
+        for label, _ in sweep_runs(name, scale):
+            order.setdefault(label, len(order))
+    return order
+
+
+def cells_table(name):
+    """The cells of results/<name> (cells): model, N, D, d, mean test accuracy ± 95%, each
+    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64; for
+    hybrids the rows the selection attends at (selected_rows, mean over the seeds)."""
+    rows = cells(load_records(f"results/{name}"))
+    order = model_order(name)
+    rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
+                             r["num_kv_pairs"], r["d_model"]))
+    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
+    if name == "fig2":
+        header.append("the paper (N = 64)")
+    if name == "hybrids":
+        header += ["rows attended", "of them queries", "queries attended"]
+    if name == "fig6":
+        header.append("reachable")
+    table = []
+    for r in rows:
+        half = "" if math.isnan(r["interval"]) else f" ± {r['interval']:.3f}"
+        runs = sorted(r["runs"], key=lambda run: run["seed"])
+        row = [r["label"], r["seq_len"], r["num_kv_pairs"], r["d_model"],
+               f"{r['test_acc']:.3f}{half}", " ".join(acc_text(x["test_acc"]) for x in runs),
+               steps_text(runs)]
+        if name == "fig2":
+            paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
+            row.append("" if paper is None else f"{paper:.2f}")
+        if name == "hybrids":
+            stats = [run["selection"][0] for run in runs if "selection" in run]
+            mean = lambda key: sum(s[key] for s in stats) / len(stats)
+            row += ([f"{mean('rows'):.1f}", f"{mean('queries'):.2f}", f"{mean('coverage'):.2f}"]
+                    if stats else ["–", "–", "–"])
+        if name == "fig6":
+            row.append(f"{cell_reach_bound(r):.3f}")
+        table.append(row)
+    return markdown(header, table)
+
+
+def runs_table(records, name="", curves=False):
+    """One row per run: model (its label, else its mixer), N, D, d, steps with the examples
+    they drew, how it ended, test and validation accuracy, training seconds; with `curves`
+    the test accuracy at each evaluation (a probe's score starred)."""
+    order = model_order(name)
+    key = lambda r: (order.get(r["config"]["label"], len(order)), r["config"]["label"],
+                     r["config"]["mixer"], r["config"]["seq_len"], r["config"]["d_model"],
+                     r["seed"])
+    header = ["model", "N", "D", "d", "seed", "steps (examples)", "ended", "test acc",
+              "valid acc", "training s"]
+    if curves:
+        header.insert(7, "test accuracy at each evaluation")
+    table = []
+    for r in sorted(records, key=key):
+        c = Config(**r["config"])
+        row = [c.label or c.mixer, c.seq_len, c.num_kv_pairs, c.d_model, c.seed,
+               f"{r['steps']:,} ({examples_seen(c, r['steps']):,})", ENDED[r["ended"]],
+               acc_text(r["test_acc"]), acc_text(r["valid_acc"]) if "valid_acc" in r else "–",
+               f"{r['train_time_s']:.0f}"]
+        if curves:
+            row.insert(7, " ".join(acc_text(e["test_acc"]) if "test_acc" in e
+                                   else acc_text(e["test_probe"]) + "*" for e in r["history"]))
+        table.append(row)
+    return markdown(header, table)
+
+
+def lm_summary(out_dir):
+    """The summary an LM experiment with records in `out_dir` wrote (run_lm_experiment)."""
+    return json.loads(lm_outputs(out_dir)[0].read_text())
+
+
+def lm_tables(s):
+    """The four tables of an LM experiment (run_lm_experiment's summary `s`): each (model,
+    seed)'s sliced perplexities next to the paper's Table 1; the validation loss of each
+    model at each rate (the first seed), and the rate chosen; the AR perplexity by the
+    threshold of an AR hit; and appendix G's AR perplexity by P."""
+    name = lambda label: LM_LABELS.get(label, label)
+    number = lambda x, digits: "–" if x is None else f"{x:.{digits}f}"     # None: NaN in JSON
+    reference = {r["seed"]: r["ppl"] for r in s["rows"] if r["label"] == "attention"}
+    sliced = markdown(
+        ["model", "seed", "lr", "params", "steps", "training s", "final training loss",
+         "valid loss", "ppl", "AR ppl", "other ppl", "AR tokens", "gap due to AR",
+         "the paper (Table 1: ppl / AR / other)"],
+        [[name(r["label"]), str(r["seed"]), f"{r['lr']:g}", f"{r['n_params']:,}",
+          f"{r['steps']:,}", f"{r['train_time_s']:.0f}", f"{r['final_loss']:.2f}",
+          number(r["valid_loss"], 3), f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
+          f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
+          gap_share_text(r["ar_share"], r["ppl"], reference.get(r["seed"], math.inf)),
+          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))]
+         for r in s["rows"]])
+    chosen = {r["label"]: r["lr"] for r in s["rows"]}
+    rates = markdown(
+        ["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
+        [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
+         for label, losses in s["lr_valid_loss"].items()])
+    thresholds = markdown(
+        ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
+                            for t in s["thresholds"])],
+        [[name(r["label"]), str(r["seed"]), *(f"{v:.1f}" for v in r["ppl_ar_by_threshold"])]
+         for r in s["rows"]])
+    pairs = [g["num_pairs"] for g in s["rows"][0]["appendix_g"]]
+    appendix = markdown(["AR perplexity", "seed", *(f"P = {p}" for p in pairs)],
+                        [[name(r["label"]), str(r["seed"]),
+                          *(f"{g['ppl_ar']:,.0f}" for g in r["appendix_g"])] for r in s["rows"]])
+    return {"": sliced, "lr": rates, "thresholds": thresholds, "appendix_g": appendix}
+
+
+# the folders whose runs make one table each (not sweeps), and whether it shows the curves
+RUN_TABLES = {"main": False, "every_mixer": False, "seeds": False, "figure2_cpu": True,
+              "fig2_budget": True, "fig6_budget": True}
+
+
+def markdown_table(name):
+    """`--table=NAME`: the README's table of results/NAME. A sweep's cells (fig2, fig6,
+    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:lr,
+    lm:thresholds, lm:appendix_g (and likewise for an LM experiment in another folder)."""
+    folder, _, part = name.partition(":")
+    if folder in PLOT_AXES:
+        check_choice("table part", part, ("", "trend"))
+        return trend_table(folder) if part == "trend" else cells_table(folder)
+    if folder in FOLDER_TABLES:
+        return FOLDER_TABLES[folder](folder)
+    if folder in RUN_TABLES:
+        return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
+    if lm_outputs(f"results/{folder}")[0].exists():
+        tables = lm_tables(lm_summary(f"results/{folder}"))
+        check_choice("table part", part, tuple(tables))
+        return tables[part]
+    raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
+                     f"a folder of runs ({', '.join([*RUN_TABLES, *FOLDER_TABLES])}) or an LM "
+                     "experiment with "
+                     "its summary in results/ (lm, lm:lr, lm:thresholds, lm:appendix_g)")
+
+
+# ----------------------------------------------------------------------------------------
+# Figure 2 at the paper's budget: the pilot's choice and the 64-epoch runs, epoch by epoch
+
+def epoch_scores(record, key):
+    """{epoch: score} of a run that evaluates after every epoch (--preset=figure2)."""
+    c = Config(**record["config"])
+    return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
+
+
+PILOT_TIE = 0.01
+
+
+def pilot_choice(records):
+    """{(label, d): lr}: the pilot's learning rate for each model and width, read off the
+    validation split only. The best validation accuracy at the pilot's end; where other
+    rates come within PILOT_TIE of it (a plateau, such as BaseConv's 0.25 of one value in D
+    = 4, where accuracy cannot tell rates apart), the lowest validation loss among them."""
+    by_cell = {}
+    for r in records:
+        by_cell.setdefault((r["config"]["label"], r["config"]["d_model"]), []).append(r)
+    choice = {}
+    for cell, runs in by_cell.items():
+        best = max(r["valid_acc"] for r in runs)
+        tied = [r for r in runs if r["valid_acc"] >= best - PILOT_TIE]
+        choice[cell] = min(tied, key=lambda r: r["valid_loss"])["config"]["lr"]
+    return choice
+
+
+def pilot_table(name="fig2_pilot"):
+    """The pilot (fig2_pilot): one row per run, its validation accuracy after each epoch and
+    its final validation loss, and which lr each (model, d) chose (pilot_choice)."""
+    records = load_records(f"results/{name}")
+    chosen = pilot_choice(records)
+    key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"],
+                     r["config"]["lr"])
+    rows = [[r["config"]["label"], r["config"]["d_model"], f"{r['config']['lr']:g}",
+             " ".join(acc_text(v) for v in epoch_scores(r, "valid_acc").values()),
+             acc_text(r["valid_acc"]), f"{r['valid_loss']:.3f}", acc_text(r["test_acc"]),
+             ENDED[r["ended"]],
+             "✓" if chosen[r["config"]["label"], r["config"]["d_model"]] == r["config"]["lr"]
+             else "", f"{r['train_time_s']:.0f}"] for r in sorted(records, key=key)]
+    return markdown(["model", "d", "lr", "valid accuracy after each epoch", "valid acc",
+                     "valid loss", "test acc", "ended", "chosen", "training s"], rows)
+
+
+EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)
+
+
+def epochs_table(name="fig2_epochs"):
+    """The 64-epoch runs (fig2_epochs): test accuracy after some epochs (EPOCHS_SHOWN), at the
+    end, Figure 2's value (N = 64), and the time."""
+    records = load_records(f"results/{name}")
+    key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"])
+    rows = []
+    for r in sorted(records, key=key):
+        c, test = r["config"], epoch_scores(r, "test_acc")
+        paper = dict(paper_points("fig2", c["label"], 64)).get(c["d_model"])
+        rows.append([c["label"], c["d_model"], f"{c['lr']:g}", f"{max(test):g}", ENDED[r["ended"]],
+                     " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
+                     acc_text(r["test_acc"]), acc_text(r["valid_acc"]),
+                     "–" if paper is None else f"{paper:.2f}",
+                     f"{r['train_time_s'] / 3600:.1f}"])
+    return markdown(["model", "d", "lr", "epochs", "ended", "test accuracy after epoch "
+                     + ", ".join(map(str, EPOCHS_SHOWN)), "test acc", "valid acc",
+                     "Figure 2", "training h"], rows)
+
+
+def plot_epochs(name="fig2_epochs"):
+    """results/<name>.png: test accuracy after every epoch against training examples seen, one
+    line per run, Figure 2's value (N = 64, after its 64 epochs) as a dotted line in the
+    run's colour. Returns the path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
+                         f"(python train.py --sweep={name})")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, r in enumerate(sorted(records, key=lambda r: (r["config"]["label"],
+                                                         r["config"]["d_model"]))):
+        c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+        label = f"{c.label}, d = {c.d_model}, lr {c.lr:g}"
+        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=f"C{i}",
+                marker="o", ms=2.5, label=label)
+        paper = dict(paper_points("fig2", c.label, 64)).get(c.d_model)
+        if paper is not None:
+            ax.axhline(paper, color=f"C{i}", ls=":", lw=1.2)
+            ax.annotate(f"Figure 2: {paper:.2f}", (64 * c.num_train / 1e6, paper), fontsize=7,
+                        color=f"C{i}", ha="right", va="bottom")
+    ax.set(xlabel="training examples seen (millions; 0.1M per epoch)", ylabel="test accuracy",
+           ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01),
+           title="Figure 2 at N = 64 on the paper's budget (--preset=figure2)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = f"results/{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------------------
+# learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
+
+
+PASS = 0.9                                   # a run "solves" the cell above this test accuracy
+
+
+def lr_table(name="fig2_lr"):
+    """One row per model: the test accuracy of every seed at every lr, and the share of
+    (lr, seed) runs above PASS."""
+    records = load_records(f"results/{name}")
+    order = model_order(name)
+    by_model = {}
+    for r in records:
+        by_model.setdefault(r["config"]["label"], []).append(r)
+    lrs = sorted({r["config"]["lr"] for r in records})
+    rows = []
+    for label in sorted(by_model, key=lambda l: order.get(l, len(order))):
+        runs = by_model[label]
+        at = lambda lr: sorted((r for r in runs if r["config"]["lr"] == lr),
+                               key=lambda r: r["seed"])
+        passed = sum(r["test_acc"] > PASS for r in runs)
+        rows.append([label, *(" ".join(acc_text(r["test_acc"]) for r in at(lr)) for lr in lrs),
+                     f"{passed}/{len(runs)}"])
+    return markdown(["model", *(f"lr {lr:g}" for lr in lrs), f"runs above {PASS}"], rows)
+
+
+def plot_lr(name="fig2_lr"):
+    """results/<name>.png: test accuracy against the learning rate, one panel per model,
+    one line per seed, PASS dotted. Returns the path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
+                         f"(python train.py --sweep={name})")
+    order = model_order(name)
+    labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
+    fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
+                             squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        runs = [r for r in records if r["config"]["label"] == label]
+        for seed in sorted({r["seed"] for r in runs}):
+            points = sorted((r["config"]["lr"], r["test_acc"]) for r in runs if r["seed"] == seed)
+            ax.plot(*zip(*points), marker="o", ms=3, label=f"seed {seed}")
+        ax.axhline(PASS, color="grey", ls=":", lw=1)
+        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02))
+    c = records[0]["config"]
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
+                 f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
+    fig.tight_layout()
+    path = f"results/{name}.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
+                "fig2_lr": lr_table}
 
 
 # ----------------------------------------------------------------------------------------
@@ -2015,390 +2433,8 @@ def plot_appendix_g(curves, path, title):
 
 
 # ----------------------------------------------------------------------------------------
-# the benchmark: labelled-only projection vs logits at every position
-
-def bench(config):
-    c = config
-    device = resolve_device(c.device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(c.seed)
-        model = LanguageModel(c).to(device)
-    optimizer = make_optimizer(model, c)
-    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
-                                   c.power_a, seed=c.seed)
-    inputs, labels = inputs.to(device), labels.to(device)
-
-    def step_seconds(loss_fn):
-        if device.type != "cpu":
-            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
-        t0 = time.perf_counter()
-        loss = loss_fn(model, inputs, labels)
-        loss = loss[0] if isinstance(loss, tuple) else loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if device.type != "cpu":
-            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
-        return time.perf_counter() - t0
-
-    # alternate the two, so that a busy moment of the machine hits both alike
-    times = {labelled_loss: [], full_logits_loss: []}
-    for i in range(12):                                # the first two rounds warm up
-        for fn in times:
-            seconds = step_seconds(fn)
-            if i >= 2:
-                times[fn].append(seconds)
-    ours, full = (sorted(t)[len(t) // 2] for t in times.values())
-    print(f"training step, {c.mixer}, B={c.batch_size}, N={c.seq_len}, D={c.num_kv_pairs}, "
-          f"d={c.d_model}, c={c.vocab_size}, {device} (median of 10 steps each, alternating)")
-    print(f"  logits at the {c.num_kv_pairs} labelled positions per example: {ours * 1e3:8.1f} ms")
-    print(f"  logits at all {c.seq_len} positions (official harness): {full * 1e3:8.1f} ms")
-    print(f"  speedup {full / ours:.1f}x")
-
-
-# ----------------------------------------------------------------------------------------
-# tables: Markdown from the records, exactly as the README shows them (a test compares)
-
-ENDED = {"target_reached": "target", "max_steps": "max_steps", "budget_steps": "budget",
-         "diverged": "diverged", "interrupted": "interrupted"}
-
-
-def markdown(header, rows):
-    """A Markdown table: the header, its rule, one line per row."""
-    lines = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(map(str, row)) + " |" for row in lines)
-
-
-def acc_text(value):
-    """An accuracy as the tables print it: three decimals, no leading zero (.993, 1.000)."""
-    return f"{value:.3f}".removeprefix("0")
-
-
-def examples_seen(config, steps):
-    """Training examples the first `steps` steps drew (an epoch's last batch may be partial)."""
-    c = config
-    epochs, rest = divmod(steps, steps_per_epoch(c))
-    return epochs * c.num_train + min(rest * c.batch_size, c.num_train)
-
-
-def steps_text(records):
-    """The steps the runs took and why they ended, e.g. "650–800 (target)"."""
-    steps = sorted(r["steps"] for r in records)
-    span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
-    ends = {}
-    for r in records:
-        ends[ENDED[r["ended"]]] = ends.get(ENDED[r["ended"]], 0) + 1
-    why = next(iter(ends)) if len(ends) == 1 else ", ".join(f"{n} {e}" for e, n in ends.items())
-    return f"{span} ({why})"
-
-
-def model_order(name):
-    """The labels of sweep `name`'s models in the order SWEEPS lists them (tables follow it)."""
-    order = {}
-    for scale in SWEEPS.get(name, {}):
-        for label, _ in sweep_runs(name, scale):
-            order.setdefault(label, len(order))
-    return order
-
-
-def cells_table(name):
-    """The cells of results/<name> (cells): model, N, D, d, mean test accuracy ± 95%, each
-    seed's, the steps; for fig2 also Figure 2's value read off the plot at N = 64; for
-    hybrids the rows the selection attends at (selected_rows, mean over the seeds)."""
-    rows = cells(load_records(f"results/{name}"))
-    order = model_order(name)
-    rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
-                             r["num_kv_pairs"], r["d_model"]))
-    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
-    if name == "fig2":
-        header.append("the paper (N = 64)")
-    if name == "hybrids":
-        header += ["rows attended", "of them queries", "queries attended"]
-    if name == "fig6":
-        header.append("reachable")
-    table = []
-    for r in rows:
-        half = "" if math.isnan(r["interval"]) else f" ± {r['interval']:.3f}"
-        runs = sorted(r["runs"], key=lambda run: run["seed"])
-        row = [r["label"], r["seq_len"], r["num_kv_pairs"], r["d_model"],
-               f"{r['test_acc']:.3f}{half}", " ".join(acc_text(x["test_acc"]) for x in runs),
-               steps_text(runs)]
-        if name == "fig2":
-            paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
-            row.append("" if paper is None else f"{paper:.2f}")
-        if name == "hybrids":
-            stats = [run["selection"][0] for run in runs if "selection" in run]
-            mean = lambda key: sum(s[key] for s in stats) / len(stats)
-            row += ([f"{mean('rows'):.1f}", f"{mean('queries'):.2f}", f"{mean('coverage'):.2f}"]
-                    if stats else ["–", "–", "–"])
-        if name == "fig6":
-            bounds = [reach_bound(Config(**run["config"])) for run in runs]
-            row.append(f"{sum(bounds) / len(bounds):.3f}")
-        table.append(row)
-    return markdown(header, table)
-
-
-def runs_table(records, name="", curves=False):
-    """One row per run: model (its label, else its mixer), N, D, d, steps with the examples
-    they drew, how it ended, test and validation accuracy, training seconds; with `curves`
-    the test accuracy at each evaluation (a probe's score starred)."""
-    order = model_order(name)
-    key = lambda r: (order.get(r["config"]["label"], len(order)), r["config"]["label"],
-                     r["config"]["mixer"], r["config"]["seq_len"], r["config"]["d_model"],
-                     r["seed"])
-    header = ["model", "N", "D", "d", "seed", "steps (examples)", "ended", "test acc",
-              "valid acc", "training s"]
-    if curves:
-        header.insert(7, "test accuracy at each evaluation")
-    table = []
-    for r in sorted(records, key=key):
-        c = Config(**r["config"])
-        row = [c.label or c.mixer, c.seq_len, c.num_kv_pairs, c.d_model, c.seed,
-               f"{r['steps']:,} ({examples_seen(c, r['steps']):,})", ENDED[r["ended"]],
-               acc_text(r["test_acc"]), acc_text(r["valid_acc"]) if "valid_acc" in r else "–",
-               f"{r['train_time_s']:.0f}"]
-        if curves:
-            row.insert(7, " ".join(acc_text(e["test_acc"]) if "test_acc" in e
-                                   else acc_text(e["test_probe"]) + "*" for e in r["history"]))
-        table.append(row)
-    return markdown(header, table)
-
-
-def lm_summary(out_dir):
-    """The summary an LM experiment with records in `out_dir` wrote (run_lm_experiment)."""
-    return json.loads(lm_outputs(out_dir)[0].read_text())
-
-
-def lm_tables(s):
-    """The four tables of an LM experiment (run_lm_experiment's summary `s`): each (model,
-    seed)'s sliced perplexities next to the paper's Table 1; the validation loss of each
-    model at each rate (the first seed), and the rate chosen; the AR perplexity by the
-    threshold of an AR hit; and appendix G's AR perplexity by P."""
-    name = lambda label: LM_LABELS.get(label, label)
-    number = lambda x, digits: "–" if x is None else f"{x:.{digits}f}"     # None: NaN in JSON
-    reference = {r["seed"]: r["ppl"] for r in s["rows"] if r["label"] == "attention"}
-    sliced = markdown(
-        ["model", "seed", "lr", "params", "steps", "training s", "final training loss",
-         "valid loss", "ppl", "AR ppl", "other ppl", "AR tokens", "gap due to AR",
-         "the paper (Table 1: ppl / AR / other)"],
-        [[name(r["label"]), str(r["seed"]), f"{r['lr']:g}", f"{r['n_params']:,}",
-          f"{r['steps']:,}", f"{r['train_time_s']:.0f}", f"{r['final_loss']:.2f}",
-          number(r["valid_loss"], 3), f"{r['ppl']:.2f}", f"{r['ppl_ar']:.2f}",
-          f"{r['ppl_other']:.2f}", f"{r['ar_tokens']}/{r['tokens']}",
-          gap_share_text(r["ar_share"], r["ppl"], reference.get(r["seed"], math.inf)),
-          " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))]
-         for r in s["rows"]])
-    chosen = {r["label"]: r["lr"] for r in s["rows"]}
-    rates = markdown(
-        ["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
-        [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
-         for label, losses in s["lr_valid_loss"].items()])
-    thresholds = markdown(
-        ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
-                            for t in s["thresholds"])],
-        [[name(r["label"]), str(r["seed"]), *(f"{v:.1f}" for v in r["ppl_ar_by_threshold"])]
-         for r in s["rows"]])
-    pairs = [g["num_pairs"] for g in s["rows"][0]["appendix_g"]]
-    appendix = markdown(["AR perplexity", "seed", *(f"P = {p}" for p in pairs)],
-                        [[name(r["label"]), str(r["seed"]),
-                          *(f"{g['ppl_ar']:,.0f}" for g in r["appendix_g"])] for r in s["rows"]])
-    return {"": sliced, "lr": rates, "thresholds": thresholds, "appendix_g": appendix}
-
-
-# the folders whose runs make one table each (not sweeps), and whether it shows the curves
-RUN_TABLES = {"main": False, "every_mixer": False, "seeds": False, "figure2_cpu": True,
-              "fig2_budget": True, "fig6_budget": True}
-
-
-def markdown_table(name):
-    """`--table=NAME`: the README's table of results/NAME. A sweep's cells (fig2, fig6,
-    hybrids, f2), a folder's runs (RUN_TABLES), or an LM experiment's part: lm, lm:lr,
-    lm:thresholds, lm:appendix_g (and likewise for an LM experiment in another folder)."""
-    folder, _, part = name.partition(":")
-    if folder in PLOT_AXES:
-        check_choice("table part", part, ("", "trend"))
-        return trend_table(folder) if part == "trend" else cells_table(folder)
-    if folder in FOLDER_TABLES:
-        return FOLDER_TABLES[folder](folder)
-    if folder in RUN_TABLES:
-        return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
-    if lm_outputs(f"results/{folder}")[0].exists():
-        tables = lm_tables(lm_summary(f"results/{folder}"))
-        check_choice("table part", part, tuple(tables))
-        return tables[part]
-    raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
-                     f"a folder of runs ({', '.join([*RUN_TABLES, *FOLDER_TABLES])}) or an LM "
-                     "experiment with "
-                     "its summary in results/ (lm, lm:lr, lm:thresholds, lm:appendix_g)")
-
-
-# ----------------------------------------------------------------------------------------
-# Figure 2 at the paper's budget: the pilot's choice and the 64-epoch runs, epoch by epoch
-
-def epoch_scores(record, key):
-    """{epoch: score} of a run that evaluates after every epoch (--preset=figure2)."""
-    c = Config(**record["config"])
-    return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
-
-
-PILOT_TIE = 0.01
-
-
-def pilot_choice(records):
-    """{(label, d): lr}: the pilot's learning rate for each model and width, read off the
-    validation split only. The best validation accuracy at the pilot's end; where other
-    rates come within PILOT_TIE of it (a plateau, such as BaseConv's 0.25 of one value in D
-    = 4, where accuracy cannot tell rates apart), the lowest validation loss among them."""
-    by_cell = {}
-    for r in records:
-        by_cell.setdefault((r["config"]["label"], r["config"]["d_model"]), []).append(r)
-    choice = {}
-    for cell, runs in by_cell.items():
-        best = max(r["valid_acc"] for r in runs)
-        tied = [r for r in runs if r["valid_acc"] >= best - PILOT_TIE]
-        choice[cell] = min(tied, key=lambda r: r["valid_loss"])["config"]["lr"]
-    return choice
-
-
-def pilot_table(name="fig2_pilot"):
-    """The pilot (fig2_pilot): one row per run, its validation accuracy after each epoch and
-    its final validation loss, and which lr each (model, d) chose (pilot_choice)."""
-    records = load_records(f"results/{name}")
-    chosen = pilot_choice(records)
-    key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"],
-                     r["config"]["lr"])
-    rows = [[r["config"]["label"], r["config"]["d_model"], f"{r['config']['lr']:g}",
-             " ".join(acc_text(v) for v in epoch_scores(r, "valid_acc").values()),
-             acc_text(r["valid_acc"]), f"{r['valid_loss']:.3f}", acc_text(r["test_acc"]),
-             ENDED[r["ended"]],
-             "✓" if chosen[r["config"]["label"], r["config"]["d_model"]] == r["config"]["lr"]
-             else "", f"{r['train_time_s']:.0f}"] for r in sorted(records, key=key)]
-    return markdown(["model", "d", "lr", "valid accuracy after each epoch", "valid acc",
-                     "valid loss", "test acc", "ended", "chosen", "training s"], rows)
-
-
-EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)
-
-
-def epochs_table(name="fig2_epochs"):
-    """The 64-epoch runs (fig2_epochs): test accuracy after some epochs (EPOCHS_SHOWN), at the
-    end, Figure 2's value (N = 64), and the time."""
-    records = load_records(f"results/{name}")
-    key = lambda r: (model_order(name).get(r["config"]["label"], 0), r["config"]["d_model"])
-    rows = []
-    for r in sorted(records, key=key):
-        c, test = r["config"], epoch_scores(r, "test_acc")
-        paper = dict(paper_points("fig2", c["label"], 64)).get(c["d_model"])
-        rows.append([c["label"], c["d_model"], f"{c['lr']:g}", f"{max(test):g}", ENDED[r["ended"]],
-                     " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
-                     acc_text(r["test_acc"]), acc_text(r["valid_acc"]),
-                     "–" if paper is None else f"{paper:.2f}",
-                     f"{r['train_time_s'] / 3600:.1f}"])
-    return markdown(["model", "d", "lr", "epochs", "ended", "test accuracy after epoch "
-                     + ", ".join(map(str, EPOCHS_SHOWN)), "test acc", "valid acc",
-                     "Figure 2", "training h"], rows)
-
-
-def plot_epochs(name="fig2_epochs"):
-    """results/<name>.png: test accuracy after every epoch against training examples seen, one
-    line per run, Figure 2's value (N = 64, after its 64 epochs) as a dotted line in the
-    run's colour. Returns the path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    records = load_records(f"results/{name}")
-    if not records:
-        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
-                         f"(python train.py --sweep={name})")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, r in enumerate(sorted(records, key=lambda r: (r["config"]["label"],
-                                                         r["config"]["d_model"]))):
-        c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
-        label = f"{c.label}, d = {c.d_model}, lr {c.lr:g}"
-        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=f"C{i}",
-                marker="o", ms=2.5, label=label)
-        paper = dict(paper_points("fig2", c.label, 64)).get(c.d_model)
-        if paper is not None:
-            ax.axhline(paper, color=f"C{i}", ls=":", lw=1.2)
-            ax.annotate(f"Figure 2: {paper:.2f}", (64 * c.num_train / 1e6, paper), fontsize=7,
-                        color=f"C{i}", ha="right", va="bottom")
-    ax.set(xlabel="training examples seen (millions; 0.1M per epoch)", ylabel="test accuracy",
-           ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01),
-           title="Figure 2 at N = 64 on the paper's budget (--preset=figure2)")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path = f"results/{name}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# ----------------------------------------------------------------------------------------
-# learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
-
-
-PASS = 0.9                                   # a run "solves" the cell above this test accuracy
-
-
-def lr_table(name="fig2_lr"):
-    """One row per model: the test accuracy of every seed at every lr, and the share of
-    (lr, seed) runs above PASS."""
-    records = load_records(f"results/{name}")
-    order = model_order(name)
-    by_model = {}
-    for r in records:
-        by_model.setdefault(r["config"]["label"], []).append(r)
-    lrs = sorted({r["config"]["lr"] for r in records})
-    rows = []
-    for label in sorted(by_model, key=lambda l: order.get(l, len(order))):
-        runs = by_model[label]
-        at = lambda lr: sorted((r for r in runs if r["config"]["lr"] == lr),
-                               key=lambda r: r["seed"])
-        passed = sum(r["test_acc"] > PASS for r in runs)
-        rows.append([label, *(" ".join(acc_text(r["test_acc"]) for r in at(lr)) for lr in lrs),
-                     f"{passed}/{len(runs)}"])
-    return markdown(["model", *(f"lr {lr:g}" for lr in lrs), f"runs above {PASS}"], rows)
-
-
-def plot_lr(name="fig2_lr"):
-    """results/<name>.png: test accuracy against the learning rate, one panel per model,
-    one line per seed, PASS dotted. Returns the path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    records = load_records(f"results/{name}")
-    if not records:
-        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
-                         f"(python train.py --sweep={name})")
-    order = model_order(name)
-    labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
-    fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
-                             squeeze=False)
-    for ax, label in zip(axes[0], labels):
-        runs = [r for r in records if r["config"]["label"] == label]
-        for seed in sorted({r["seed"] for r in runs}):
-            points = sorted((r["config"]["lr"], r["test_acc"]) for r in runs if r["seed"] == seed)
-            ax.plot(*zip(*points), marker="o", ms=3, label=f"seed {seed}")
-        ax.axhline(PASS, color="grey", ls=":", lw=1)
-        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02))
-    c = records[0]["config"]
-    axes[0][0].set_ylabel("test accuracy")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
-                 f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
-    fig.tight_layout()
-    path = f"results/{name}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
-                "fig2_lr": lr_table}
-
-
-# ----------------------------------------------------------------------------------------
-# the main job
+# the command line: one function per command (the main job, one run, a sweep, a table, a
+# figure, the LM experiment, appendix G on a pretrained model), which main dispatches to
 
 def summarize(records):
     """One line over runs that differ only in seed: how many passed the target, and the
@@ -2463,132 +2499,113 @@ LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int
                     "--cpus_per_run": int, "--parallel": int}      # submit_sweep's, by flag
 
 
-def main(argv):
-    """The command line: the main job (no arguments), one run (--key=value ...), --seeds=N
-    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --table=NAME, --task=lm,
-    --hf=NAME, --bench."""
-    if "-h" in argv or "--help" in argv:
-        print(__doc__)
-        for f in dataclasses.fields(Config):
-            print(f"  --{f.name}={getattr(Config(), f.name)}")
-        return 0
-    flags = {a.split("=", 1)[0]: a.partition("=")[2] for a in argv
-             if a.split("=", 1)[0] in COMMANDS}
-    rest = [a for a in argv if a.split("=", 1)[0] not in COMMANDS]
-    try:
-        n_seeds = _parse_value("seeds", flags.get("--seeds", "1"), int)
-        if n_seeds < 1:
-            raise ValueError(f"--seeds={n_seeds} is not allowed: seeds must be >= 1")
-        if ("--sweep" in flags or "--plot" in flags or "--table" in flags) and rest:
-            raise ValueError(f"{rest[0]!r} is not allowed with --sweep, --plot or --table: a "
-                             "sweep's settings are its grid (SWEEPS in train.py)")
-        if "--table" in flags:
-            print(markdown_table(flags["--table"]))
-            return 0
-        if flags.get("--plot") in ("fig2_epochs", "fig2_lr"):
-            table, plot = {"fig2_epochs": (epochs_table, plot_epochs),
-                           "fig2_lr": (lr_table, plot_lr)}[flags["--plot"]]
-            print(f"{table()}\nwrote {plot()}")
-            return 0
-        if "--plot" in flags:
-            _, paths = plot_sweep(flags["--plot"])
-            print(cells_table(flags["--plot"]))
-            print("wrote " + ", ".join(paths))
-            return 0
-        workers = _parse_value("workers", flags.get("--workers", "1"), int)
-        check_positive("workers", workers)
-        if "--sweep" not in flags and ("--launcher" in flags or "--workers" in flags):
-            raise ValueError("--launcher and --workers are not allowed without --sweep: they "
-                             "say where a sweep's runs run")
-        wrong = ([f for f in ("--dry_run", "--workers") if f in flags] if "--launcher" in flags
-                 else [f for f in LAUNCHER_OPTIONS if f in flags])
-        if wrong and "--launcher" in flags:
-            raise ValueError(f"{wrong[0]} is not allowed with --launcher: the runs go to Slurm "
-                             "(--dry_run alone prints them for any other scheduler)")
-        if wrong:
-            raise ValueError(f"{wrong[0]} is not allowed without --launcher=slurm: it is an "
-                             "option of the Slurm jobs")
-        if "--dry_run" in flags and "--workers" in flags:
-            raise ValueError("--workers is not allowed with --dry_run: --dry_run runs nothing, "
-                             "it prints the runs' command lines")
-        if "--launcher" in flags:
-            check_choice("launcher", flags["--launcher"], ("slurm",))
-            options = {k[2:]: _parse_value(k[2:], v, LAUNCHER_OPTIONS[k])
-                       for k, v in flags.items() if k in LAUNCHER_OPTIONS}
-            jobs = submit_sweep(flags["--sweep"], flags.get("--scale", "cpu"), **options)
-            print(f"submitted {len(jobs)} runs" + (f" (jobs {jobs[0].job_id} ...)" if jobs else
-                  ": every run has finished") + f"; records in results/{flags['--sweep']}/")
-            return 0
-        if "--sweep" in flags or not argv:
-            name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
-            records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume=bool(argv),
-                                workers=workers)
-            if name == "main" and records:
-                print(runs_table(records, name))
-                print(f"wrote {plot_curves(records, 'results/main.png')}")
-            elif records and name in PLOT_AXES:
-                print(cells_table(name))
-            elif records:
-                print(runs_table(records, name))
-            return 0
-        samples = _parse_value("samples", flags.get("--samples", "1000"), int)
-        check_positive("samples", samples)
-        if "--hf" in flags:
-            if rest:
-                raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
-                                 "on a pretrained model (--samples=N sets its size)")
-            rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
-            name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
-            Path("results").mkdir(exist_ok=True)
-            Path(f"results/appendix_g-{name}.json").write_text(strict_json(rows))
-            plot_appendix_g({flags["--hf"]: rows}, f"results/appendix_g-{name}.png",
-                            f"appendix G: {flags['--hf']}, N = 1024")
-            for r in rows:
-                print(f"P = {r['num_pairs']:>3}: AR ppl {r['ppl_ar']:.2f}, filler ppl "
-                      f"{r['ppl_filler']:.2f}")
-            print(f"wrote results/appendix_g-{name}.json, results/appendix_g-{name}.png")
-            return 0
-        overrides = parse_arguments(rest)
-        if overrides.get("task") == "lm":
-            if "mixer" in overrides:
-                raise ValueError("--mixer is not allowed with --task=lm: the experiment "
-                                 f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})")
-            for flag in ("--seeds", "--bench"):
-                if flag in flags:
-                    raise ValueError(f"{flag} is not allowed with --task=lm: the experiment "
-                                     "trains every model of LM_MODELS with LM_RECIPE at the "
-                                     "seeds of LM_SEEDS (--seed=N: one seed)")
-            threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
-                         if "--ar_threshold" in flags else None)
-            if threshold is not None and threshold < 0:
-                raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
-                                 "integer >= 0 (training occurrences of an AR hit's bigram)")
-            summary = run_lm_experiment(overrides, threshold, samples)
-            out_dir = overrides.get("out_dir", LM_RECIPE["out_dir"])
-            titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
-                          f"{summary['threshold']:,} ({summary['train_tokens']:,} training "
-                          "tokens)", "thresholds": "AR perplexity by the threshold of an AR hit",
-                      "lr": "validation loss at each learning rate (seed "
-                            f"{summary['seeds'][0]}), and the rate each model trains at",
-                      "appendix_g": "appendix G: AR perplexity by the number of pairs P"}
-            for part, table in lm_tables(summary).items():
-                print(f"{titles[part]}\n{table}\n")
-            print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
-            return 0
-        if "--ar_threshold" in flags:
-            raise ValueError("--ar_threshold is not allowed without --task=lm: it sets the "
-                             "AR hits of the language-model experiment")
-        config = make_config(**overrides)
-    except ValueError as e:
-        print(f"train.py: {e}", file=sys.stderr)
-        return 2
-    except SweepFailed as e:                     # a run of --workers failed
-        print(f"train.py: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:                    # Ctrl-C in a sweep
-        print("interrupted: the finished runs' records are written, the unfinished runs "
-              "checkpointed; the same command continues", file=sys.stderr)
-        return 130
+def table_command(flags, rest):
+    """--table=NAME: print the README's table of results/NAME (markdown_table)."""
+    print(markdown_table(flags["--table"]))
+
+
+def plot_command(flags, rest):
+    """--plot=NAME: print a sweep's table and draw its figures (plot_sweep), or a folder's
+    (fig2_epochs, fig2_lr)."""
+    name = flags["--plot"]
+    if name in ("fig2_epochs", "fig2_lr"):
+        table, plot = {"fig2_epochs": (epochs_table, plot_epochs),
+                       "fig2_lr": (lr_table, plot_lr)}[name]
+        print(f"{table()}\nwrote {plot()}")
+        return
+    _, paths = plot_sweep(name)
+    print(cells_table(name))
+    print("wrote " + ", ".join(paths))
+
+
+def submit_command(flags, rest):
+    """--sweep=NAME --launcher=slurm [--partition=...]: submit the unfinished runs."""
+    check_choice("launcher", flags["--launcher"], ("slurm",))
+    options = {k[2:]: _parse_value(k[2:], v, LAUNCHER_OPTIONS[k])
+               for k, v in flags.items() if k in LAUNCHER_OPTIONS}
+    jobs = submit_sweep(flags["--sweep"], flags.get("--scale", "cpu"), **options)
+    print(f"submitted {len(jobs)} runs" + (f" (jobs {jobs[0].job_id} ...)" if jobs else
+          ": every run has finished") + f"; records in results/{flags['--sweep']}/")
+
+
+def sweep_command(flags, rest):
+    """--sweep=NAME [--scale=...] [--dry_run] [--workers=K], or no arguments: the main job
+    (the sweep "main", every run trained again)."""
+    workers = _parse_value("workers", flags.get("--workers", "1"), int)
+    check_positive("workers", workers)
+    name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
+    records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume="--sweep" in flags,
+                        workers=workers)
+    if name == "main" and records:
+        print(runs_table(records, name))
+        print(f"wrote {plot_curves(records, 'results/main.png')}")
+    elif records and name in PLOT_AXES:
+        print(cells_table(name))
+    elif records:
+        print(runs_table(records, name))
+
+
+def hf_command(flags, rest):
+    """--hf=NAME_OR_PATH [--samples=N]: appendix G on a Hugging Face causal LM."""
+    if rest:
+        raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
+                         "on a pretrained model (--samples=N sets its size)")
+    samples = _parse_value("samples", flags.get("--samples", "1000"), int)
+    check_positive("samples", samples)
+    rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
+    name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
+    Path("results").mkdir(exist_ok=True)
+    Path(f"results/appendix_g-{name}.json").write_text(strict_json(rows))
+    plot_appendix_g({flags["--hf"]: rows}, f"results/appendix_g-{name}.png",
+                    f"appendix G: {flags['--hf']}, N = 1024")
+    for r in rows:
+        print(f"P = {r['num_pairs']:>3}: AR ppl {r['ppl_ar']:.2f}, filler ppl "
+              f"{r['ppl_filler']:.2f}")
+    print(f"wrote results/appendix_g-{name}.json, results/appendix_g-{name}.png")
+
+
+def lm_command(flags, rest):
+    """--task=lm [--key=value ...] [--ar_threshold=N] [--samples=N]: the language-model
+    experiment (run_lm_experiment), its tables printed."""
+    overrides = parse_arguments(rest)
+    if "mixer" in overrides:
+        raise ValueError("--mixer is not allowed with --task=lm: the experiment "
+                         f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})")
+    for flag in ("--seeds", "--bench"):
+        if flag in flags:
+            raise ValueError(f"{flag} is not allowed with --task=lm: the experiment "
+                             "trains every model of LM_MODELS with LM_RECIPE at the "
+                             "seeds of LM_SEEDS (--seed=N: one seed)")
+    threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
+                 if "--ar_threshold" in flags else None)
+    if threshold is not None and threshold < 0:
+        raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
+                         "integer >= 0 (training occurrences of an AR hit's bigram)")
+    samples = _parse_value("samples", flags.get("--samples", "1000"), int)
+    check_positive("samples", samples)
+    summary = run_lm_experiment(overrides, threshold, samples)
+    titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
+                  f"{summary['threshold']:,} ({summary['train_tokens']:,} training tokens)",
+              "thresholds": "AR perplexity by the threshold of an AR hit",
+              "lr": "validation loss at each learning rate (seed "
+                    f"{summary['seeds'][0]}), and the rate each model trains at",
+              "appendix_g": "appendix G: AR perplexity by the number of pairs P"}
+    for part, table in lm_tables(summary).items():
+        print(f"{titles[part]}\n{table}\n")
+    out_dir = overrides.get("out_dir", LM_RECIPE["out_dir"])
+    print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
+
+
+def run_command(flags, rest):
+    """--key=value ... [--seeds=N] [--bench]: one run (or N seeds of it, then a summary
+    line), or the training-step benchmark of its model. Returns the exit status."""
+    n_seeds = _parse_value("seeds", flags.get("--seeds", "1"), int)
+    if n_seeds < 1:
+        raise ValueError(f"--seeds={n_seeds} is not allowed: seeds must be >= 1")
+    if "--ar_threshold" in flags:
+        raise ValueError("--ar_threshold is not allowed without --task=lm: it sets the "
+                         "AR hits of the language-model experiment")
+    config = make_config(**parse_arguments(rest))
     if "--bench" in flags:
         bench(config)
         return 0
@@ -2602,9 +2619,6 @@ def main(argv):
             continue
         try:
             records.append(train(run))
-        except ValueError as e:       # a setting only the model or the data can check
-            print(f"train.py: {e}", file=sys.stderr)
-            return 2
         except KeyboardInterrupt:
             print(f"interrupted; record written to {path}", file=sys.stderr)
             return 130
@@ -2613,6 +2627,75 @@ def main(argv):
     if n_seeds > 1:
         print(summarize(records))
     return 0
+
+
+def check_flags(flags, rest):
+    """Refuse the command-line flags that would do nothing with the others given."""
+    if ("--sweep" in flags or "--plot" in flags or "--table" in flags) and rest:
+        raise ValueError(f"{rest[0]!r} is not allowed with --sweep, --plot or --table: a "
+                         "sweep's settings are its grid (SWEEPS in train.py)")
+    if "--sweep" not in flags and ("--launcher" in flags or "--workers" in flags):
+        raise ValueError("--launcher and --workers are not allowed without --sweep: they "
+                         "say where a sweep's runs run")
+    wrong = ([f for f in ("--dry_run", "--workers") if f in flags] if "--launcher" in flags
+             else [f for f in LAUNCHER_OPTIONS if f in flags])
+    if wrong and "--launcher" in flags:
+        raise ValueError(f"{wrong[0]} is not allowed with --launcher: the runs go to Slurm "
+                         "(--dry_run alone prints them for any other scheduler)")
+    if wrong:
+        raise ValueError(f"{wrong[0]} is not allowed without --launcher=slurm: it is an "
+                         "option of the Slurm jobs")
+    if "--sweep" not in flags and ("--dry_run" in flags or "--scale" in flags):
+        raise ValueError("--dry_run and --scale are not allowed without --sweep: they say "
+                         "how a sweep runs")
+    if "--dry_run" in flags and "--workers" in flags:
+        raise ValueError("--workers is not allowed with --dry_run: --dry_run runs nothing, "
+                         "it prints the runs' command lines")
+
+
+def command(flags, rest):
+    """The function that runs what the command line asks for (the first that applies)."""
+    if "--table" in flags:
+        return table_command
+    if "--plot" in flags:
+        return plot_command
+    if "--launcher" in flags:
+        return submit_command
+    if "--sweep" in flags or not (flags or rest):
+        return sweep_command
+    if "--hf" in flags:
+        return hf_command
+    if "--task=lm" in rest:
+        return lm_command
+    return run_command
+
+
+def main(argv):
+    """The command line: the main job (no arguments), one run (--key=value ...), --seeds=N
+    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --table=NAME, --task=lm,
+    --hf=NAME, --bench; each a function above. Returns the exit status: 2 for a bad
+    argument, 1 for a failed run of a sweep, 130 for Ctrl-C."""
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        for f in dataclasses.fields(Config):
+            print(f"  --{f.name}={getattr(Config(), f.name)}")
+        return 0
+    flags = {a.split("=", 1)[0]: a.partition("=")[2] for a in argv
+             if a.split("=", 1)[0] in COMMANDS}
+    rest = [a for a in argv if a.split("=", 1)[0] not in COMMANDS]
+    try:
+        check_flags(flags, rest)
+        return command(flags, rest)(flags, rest) or 0
+    except ValueError as e:      # a bad argument, or a setting only the model or data checks
+        print(f"train.py: {e}", file=sys.stderr)
+        return 2
+    except SweepFailed as e:                     # a run of --workers failed
+        print(f"train.py: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:                    # Ctrl-C in a sweep
+        print("interrupted: the finished runs' records are written, the unfinished runs "
+              "checkpointed; the same command continues", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
