@@ -2170,8 +2170,11 @@ def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
     read as (q_i ⊙ e^{b_i}) S and carried as S ← e^{b_C} ⊙ S + Σ_j (k_j ⊙ e^{b_C - b_j})ᵀ v_j.
     Every exponent is <= 0 (a decay), so nothing overflows however strong the gates are:
     the inner products carry the per-channel decay between i and j as a (C, C, dk) table
-    instead of dividing by e^{b_j} (which a strong gate sends past float range).
-    Costs B·H·T·C·dk for that table, n Python steps across chunks.
+    instead of dividing by e^{b_j} (which a strong gate sends past float range); above the
+    diagonal the table is clamped to 1 and the scores masked. What each chunk writes, and
+    what each reads from the state entering it, are batched matrix products over all
+    chunks; only the n-step carry of the state is a Python loop.
+    Costs B·H·T·C·dk for the table.
     """
     C = min(chunk_size, q.shape[2])
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
@@ -2181,18 +2184,18 @@ def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
     q, k, log_alpha = (t.view(B, H, n, C, dk) for t in (q, k, log_alpha))
     v = v.view(B, H, n, C, dv)
     b = log_alpha.cumsum(3)                                                  # (B, H, n, C, dk)
-    below = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()[..., None]
-    decay = torch.where(below, b[..., :, None, :] - b[..., None, :, :], -math.inf).exp()
-    scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, decay)          # (B, H, n, C, C)
+    decay = (b[..., :, None, :] - b[..., None, :, :]).clamp(max=0).exp()   # (B, H, n, C, C, dk)
+    scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, decay).tril()   # (B, H, n, C, C)
     o = scores @ v                                                           # within chunks
     read, write = q * b.exp(), k * (b[..., -1:, :] - b).exp()
-    carry = b[..., -1, :].exp()                                              # (B, H, n, dk)
+    written = write.transpose(-1, -2) @ v                                    # (B, H, n, dk, dv)
+    carry = b[..., -1, :, None].exp()                                        # (B, H, n, dk, 1)
     S = q.new_zeros(B, H, dk, dv) if state is None else state
-    past = []
+    entering = []
     for c in range(n):
-        past.append(read[:, :, c] @ S)                                       # (B, H, C, dv)
-        S = carry[:, :, c, :, None] * S + write[:, :, c].transpose(-1, -2) @ v[:, :, c]
-    o = o + torch.stack(past, 2)
+        entering.append(S)
+        S = carry[:, :, c] * S + written[:, :, c]
+    o = o + read @ torch.stack(entering, 2)                                  # from past chunks
     return o.reshape(B, H, Tp, dv)[:, :, :T], S
 
 
@@ -2841,6 +2844,36 @@ def bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
         ratios.append(f"{f.__name__}(q, k, v, 32) {t / t_full:.3f}")
     print(f"time over attention_fast(q, k, v)'s at (B, H, T, hs) = {(B, 1, T, d)}: "
           + ", ".join(ratios))
+    # the recurrences alone, on the arguments each layer hands them at (B, T, d): the rows
+    # above also time what a layer's two forms share (projections, short convolutions,
+    # norms, gates), which bounds a layer's ref/fast from above
+    print(f"the recurrences alone at (B, T, d) = {(B, T, d)}, as each layer calls them:")
+    print(f"{'mixer':<16}{'function':<24}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}")
+    x = torch.randn(B, T, d)
+    for name, impls in RECURRENCES:
+        args, kwargs = _recurrence_call(name, impls, x)
+        tf, tr = (_forward_seconds(lambda _: impls[form](*args, **kwargs), None)
+                  for form in ("fast", "reference"))
+        print(f"{name:<16}{impls['fast'].__name__:<24}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}")
+
+
+# the mixers whose recurrence has a fast form beside its reference, and their forms
+RECURRENCES = [("rwkv", WKV_IMPLS), ("retnet", RETENTION_IMPLS), ("based", BASED_IMPLS),
+               ("mamba", SCAN_IMPLS), ("gla", GLA_IMPLS), ("mamba2", SSD_IMPLS),
+               ("deltanet", DELTA_RULE_IMPLS), ("gated_deltanet", DELTA_RULE_IMPLS),
+               ("rwkv7", DPLR_IMPLS)]
+
+
+def _recurrence_call(name, impls, x):
+    """The (args, kwargs) that mixer `name`'s fast form hands impls["fast"] on x."""
+    calls, fast = [], impls["fast"]
+    impls["fast"] = lambda *args, **kwargs: calls.append((args, kwargs)) or fast(*args, **kwargs)
+    try:
+        with torch.no_grad():
+            build_mixer(name, x.shape[-1], x.shape[1])(x)
+    finally:
+        impls["fast"] = fast
+    return calls[0]
 
 
 if __name__ == "__main__":

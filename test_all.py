@@ -559,16 +559,33 @@ def test_mixer_fast_equals_reference(name, kw, monkeypatch):
         assert torch.allclose(a, b, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["retnet", "rwkv", "based", "mamba"])
+@pytest.mark.parametrize("name", ["retnet", "rwkv", "based", "mamba", "gla", "mamba2",
+                                  "deltanet", "gated_deltanet", "rwkv7"])
 def test_default_chunks_are_crossed_and_fast_equals_reference(name):
-    """The DEFAULT options (RetNet's chunk of 32, the others' 64) on T = 150: three chunks or
-    more, so that a state is carried over two chunk boundaries (at T = 24, CASES never
-    crosses a default chunk)."""
+    """The DEFAULT options (chunks of 16 to 64) on T = 150: three chunks or more, so that a
+    state is carried over two chunk boundaries (at T = 24, CASES never crosses a default
+    chunk of 32 or 64)."""
     fast = make_mixer(name, d=8, T=150, impl="fast")
     ref = make_mixer(name, d=8, T=150, impl="reference")
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 150, 8, dtype=F64)
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
+
+
+def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
+    """`python mixers.py --bench` times each recurrence alone on what its layer passes it:
+    the captured call is the fast form's (whose output matches the reference form's on the
+    same arguments), and the forms' table is left as it was."""
+    x = torch.randn(2, 40, 8)
+    for name, impls in mixers.RECURRENCES:
+        before = dict(impls)
+        args, kwargs = mixers._recurrence_call(name, impls, x)
+        assert impls == before, name
+        assert any(isinstance(a, torch.Tensor) and 40 in a.shape for a in args), name
+        with torch.no_grad():
+            fast, ref = (impls[form](*args, **kwargs) for form in ("fast", "reference"))
+        first = lambda y: y[0] if isinstance(y, tuple) else y
+        assert torch.allclose(first(fast), first(ref), atol=1e-4), name
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
