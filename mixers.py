@@ -2332,9 +2332,9 @@ class Mamba2(Mixer):
     (norm after the gate, as Mamba2Simple); an output projection.
 
     Defaults: expand 2, d_state 64, headdim 64 (H = expand·d / headdim heads; None: 64, or
-    d_inner where that is smaller), conv 4, one group of B and C. Initialised as Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in
-    [1e-3, 1e-1] through dt_bias, skip = 1, the conv as PyTorch draws an nn.Conv1d; no
-    biases in the projections. `keeps_own_init`: a model's initialisation leaves it so.
+    d_inner where that is smaller), conv 4, one group of B and C. Initialised as
+    Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in [1e-3, 1e-1] through dt_bias, skip = 1,
+    the conv as PyTorch draws an nn.Conv1d; no biases in the projections. `keeps_own_init`: a model's initialisation leaves it so.
     State of `step`: h, H·P·d_state numbers, and the last conv inputs,
     min(t, d_conv - 1)·(d_inner + 2·d_state).
     To copy: this class, ssd_chunked and ssd_recurrent (with _pad_to_chunks), causal_conv
