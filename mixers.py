@@ -2334,7 +2334,8 @@ class Mamba2(Mixer):
     Defaults: expand 2, d_state 64, headdim 64 (H = expand·d / headdim heads; None: 64, or
     d_inner where that is smaller), conv 4, one group of B and C. Initialised as
     Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in [1e-3, 1e-1] through dt_bias, skip = 1,
-    the conv as PyTorch draws an nn.Conv1d; no biases in the projections. `keeps_own_init`: a model's initialisation leaves it so.
+    the conv as PyTorch draws an nn.Conv1d; no biases in the projections. `keeps_own_init`:
+    a model's initialisation leaves it so.
     State of `step`: h, H·P·d_state numbers, and the last conv inputs,
     min(t, d_conv - 1)·(d_inner + 2·d_state).
     To copy: this class, ssd_chunked and ssd_recurrent (with _pad_to_chunks), causal_conv
@@ -2435,8 +2436,10 @@ def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=64)
     so U = U_0 - W S_0 (U_0, W: one triangular solve for all chunks at once); then
         O = P U + diag(e^γ) Q S_0,   P_im = e^{γ_i - γ_m} q_i·k_m (m <= i),
         S_C = e^{γ_C} S_0 + (K ⊙ e^{γ_C - γ})ᵀ U.
-    Only the last two run chunk by chunk (n Python steps of matrix products); every
-    exponent is <= 0. Costs B·H·T·C·(dk + dv) for the chunks' matrices and the solve.
+    Only the state's carry runs chunk by chunk (n Python steps of matrix products); what
+    each chunk reads from the state entering it is one batched product after. Every
+    exponent is <= 0 (above the diagonal, clamped to 1 and masked). Costs
+    B·H·T·C·(dk + dv) for the chunks' matrices and the solve.
     """
     C = min(chunk_size, q.shape[2])
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
@@ -2449,24 +2452,23 @@ def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=64)
         gamma = q.new_zeros(B, H, n, C)
     else:
         gamma = _pad_to_chunks(log_alpha, C, 2)[0].view(B, H, n, C).cumsum(-1)
-    ratio = gamma[..., :, None] - gamma[..., None, :]                        # γ_i - γ_m
-    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
-    L = torch.where(strict, ratio, -math.inf).exp() * (k @ k.transpose(-1, -2))
+    decay = (gamma[..., :, None] - gamma[..., None, :]).clamp(max=0).exp()  # e^{γ_i - γ_m}
+    L = (decay * (k @ k.transpose(-1, -2))).tril(-1)                         # (B, H, n, C, C)
     system = torch.eye(C, dtype=q.dtype, device=q.device) + beta * L
-    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
-                                                      unitriangular=True)
-    U0, W = solve(beta * v), solve(beta * gamma.exp()[..., None] * k)
-    P = torch.where(strict | torch.eye(C, dtype=torch.bool, device=q.device), ratio,
-                    -math.inf).exp() * (q @ k.transpose(-1, -2))             # (B, H, n, C, C)
+    U0, W = torch.linalg.solve_triangular(
+        system, beta * torch.cat([v, gamma.exp()[..., None] * k], -1), upper=False,
+        unitriangular=True).split([dv, dk], -1)
+    P = (decay * (q @ k.transpose(-1, -2))).tril()                           # (B, H, n, C, C)
     O0, read = P @ U0, gamma.exp()[..., None] * q - P @ W
-    write = k * (gamma[..., -1:] - gamma).exp()[..., None]
+    write = (k * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2)
+    carry = gamma[..., -1, None, None].exp()                                 # (B, H, n, 1, 1)
     S = q.new_zeros(B, H, dk, dv) if state is None else state
-    out = []
+    entering = []
     for c in range(n):
-        out.append(O0[:, :, c] + read[:, :, c] @ S)
-        U = U0[:, :, c] - W[:, :, c] @ S
-        S = gamma[:, :, c, -1, None, None].exp() * S + write[:, :, c].transpose(-1, -2) @ U
-    return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
+        entering.append(S)
+        S = carry[:, :, c] * S + write[:, :, c] @ (U0[:, :, c] - W[:, :, c] @ S)
+    out = O0 + read @ torch.stack(entering, 2)
+    return out.reshape(B, H, Tp, dv)[:, :, :T], S
 
 
 DELTA_RULE_IMPLS = {"fast": delta_rule_chunked, "reference": delta_rule_recurrent}
