@@ -2434,7 +2434,10 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--sweep=main", "--launcher=slurm", "--parallel=-1"], "--parallel=-1 is not allowed"),
     (["--sweep=main", "--dry_run", "--workers=2"], "--workers is not allowed with --dry_run"),
     (["--workers=2"], "--launcher and --workers are not allowed without --sweep"),
-    (["--sweep=main", "--workers=0"], "workers=0 is not allowed"),
+    (["--sweep=main", "--workers=0"], "--workers=0 is not allowed"),
+    (["--hf=gpt2", "--samples=0"], "--samples=0 is not allowed"),
+    (["--task=lm", "--samples=-3"], "--samples=-3 is not allowed"),
+    (["--seeds=two"], "--seeds='two' is not allowed"),
     (["--dry_run"], "--dry_run and --scale are not allowed without --sweep"),
     (["--scale=paper", "--mixer=h3"], "--dry_run and --scale are not allowed without --sweep")])
 def test_where_a_sweep_runs_refuses_options_that_would_do_nothing(args, message, capsys):

@@ -2499,6 +2499,14 @@ LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int
                     "--cpus_per_run": int, "--parallel": int}      # submit_sweep's, by flag
 
 
+def _positive_flag(flags, key, default):
+    """The integer >= 1 of flag --key (default when absent), or a ValueError naming it."""
+    value = _parse_value(key, flags.get(f"--{key}", str(default)), int)
+    if value < 1:
+        raise ValueError(f"--{key}={value} is not allowed: {key} must be an integer >= 1")
+    return value
+
+
 def table_command(flags, rest):
     """--table=NAME: print the README's table of results/NAME (markdown_table)."""
     print(markdown_table(flags["--table"]))
@@ -2531,8 +2539,7 @@ def submit_command(flags, rest):
 def sweep_command(flags, rest):
     """--sweep=NAME [--scale=...] [--dry_run] [--workers=K], or no arguments: the main job
     (the sweep "main", every run trained again)."""
-    workers = _parse_value("workers", flags.get("--workers", "1"), int)
-    check_positive("workers", workers)
+    workers = _positive_flag(flags, "workers", 1)
     name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
     records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume="--sweep" in flags,
                         workers=workers)
@@ -2550,8 +2557,7 @@ def hf_command(flags, rest):
     if rest:
         raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
                          "on a pretrained model (--samples=N sets its size)")
-    samples = _parse_value("samples", flags.get("--samples", "1000"), int)
-    check_positive("samples", samples)
+    samples = _positive_flag(flags, "samples", 1000)
     rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
     name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
     Path("results").mkdir(exist_ok=True)
@@ -2581,8 +2587,7 @@ def lm_command(flags, rest):
     if threshold is not None and threshold < 0:
         raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
                          "integer >= 0 (training occurrences of an AR hit's bigram)")
-    samples = _parse_value("samples", flags.get("--samples", "1000"), int)
-    check_positive("samples", samples)
+    samples = _positive_flag(flags, "samples", 1000)
     summary = run_lm_experiment(overrides, threshold, samples)
     titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
                   f"{summary['threshold']:,} ({summary['train_tokens']:,} training tokens)",
@@ -2599,9 +2604,7 @@ def lm_command(flags, rest):
 def run_command(flags, rest):
     """--key=value ... [--seeds=N] [--bench]: one run (or N seeds of it, then a summary
     line), or the training-step benchmark of its model. Returns the exit status."""
-    n_seeds = _parse_value("seeds", flags.get("--seeds", "1"), int)
-    if n_seeds < 1:
-        raise ValueError(f"--seeds={n_seeds} is not allowed: seeds must be >= 1")
+    n_seeds = _positive_flag(flags, "seeds", 1)
     if "--ar_threshold" in flags:
         raise ValueError("--ar_threshold is not allowed without --task=lm: it sets the "
                          "AR hits of the language-model experiment")
