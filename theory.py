@@ -695,15 +695,13 @@ def projection(W, Np):
 def convolution(h, cyclic=False):
     """u -> h * u in one layer (H.3): W = 0, b1 = 1, b2 = 0."""
     dp, Np = h.shape
-    return [Layer(torch.zeros(dp, dp, dtype=DTYPE), _ones(Np, dp), h.to(DTYPE), _zeros(Np, dp),
-                  cyclic)]
+    return [Layer(_zeros(dp, dp), _ones(Np, dp), h.to(DTYPE), _zeros(Np, dp), cyclic)]
 
 
 def gate(F, cyclic=False):
     """u -> F ⊙ u in one layer (H.3): W = 0, h = e_0 (the identity filter), b1 = F, b2 = 0."""
     Np, dp = F.shape
-    return [Layer(torch.zeros(dp, dp, dtype=DTYPE), F.to(DTYPE), impulse(Np, dp, 0),
-                  _zeros(Np, dp), cyclic)]
+    return [Layer(_zeros(dp, dp), F.to(DTYPE), impulse(Np, dp, 0), _zeros(Np, dp), cyclic)]
 
 
 def identity(Np, dp, cyclic=False):
@@ -737,7 +735,7 @@ def shift_up(Np, dp, s):
     _check_shift(s, Np)
     keep = _zeros(Np, dp)
     keep[:Np - s] = 1
-    return [Layer(torch.zeros(dp, dp, dtype=DTYPE), keep, impulse(Np, dp, (Np - s) % Np),
+    return [Layer(_zeros(dp, dp), keep, impulse(Np, dp, (Np - s) % Np),
                   _zeros(Np, dp), cyclic=True)]
 
 
@@ -751,7 +749,7 @@ def add(n, dp):
     h = impulse(3 * n, dp, 0) + impulse(3 * n, dp, n)
     keep = _zeros(3 * n, dp)
     keep[:2 * n] = 1
-    return [Layer(torch.zeros(dp, dp, dtype=DTYPE), keep, h, _zeros(3 * n, dp))]
+    return [Layer(_zeros(dp, dp), keep, h, _zeros(3 * n, dp))]
 
 
 def stack(*stacks):
@@ -1007,7 +1005,7 @@ def mqar_input_independent_layers(N, b, distances):
     A = [list(range(2 * b * g, 2 * b * g + b)) for g in range(G)]           # channel indices
     V = [list(range(2 * b * g + b, 2 * b * (g + 1))) for g in range(G)]
     zero, one = _zeros(N, dp), _ones(N, dp)
-    Z = torch.zeros(dp, dp, dtype=DTYPE)
+    Z = _zeros(dp, dp)
 
     # 1. affine: y = u W + b1 (h = 0, b2 = 1)
     W, b1, b2 = Z.clone(), zero.clone(), one.clone()
@@ -1106,23 +1104,23 @@ def mqar_input_dependent_layers(N, c, distances):
     V = [slice(2 * c * g + c, 2 * c * (g + 1)) for g in range(t)]
     eye = torch.eye(c, dtype=DTYPE)
     zero, one = _zeros(N, dp), _ones(N, dp)
-    W = torch.zeros(dp, dp, dtype=DTYPE)
+    W = _zeros(dp, dp)
     for g in range(t):
         W[:c, M[g]], W[:c, V[g]] = eye, eye
     layers = projection(W, N)
-    W, b1, h = torch.zeros(dp, dp, dtype=DTYPE), zero.clone(), _zeros(dp, N)
+    W, b1, h = _zeros(dp, dp), zero.clone(), _zeros(dp, N)
     for g, s in enumerate(distances):
         W[M[g], M[g]] = eye
         h[M[g], s] = 1.0
         b1[:, V[g]] = 1.0
         h[V[g], s - 1] = 1.0
     layers.append(Layer(W, b1, h, zero.clone()))
-    W, b1 = torch.zeros(dp, dp, dtype=DTYPE), one.clone()
+    W, b1 = _zeros(dp, dp), one.clone()
     for g in range(t):
         W[M[g], V[g]] = 1.0
         b1[:, V[g]] = 0.0
     layers.append(Layer(W, b1, impulse(N, dp, 0), zero.clone()))
-    W = torch.zeros(dp, dp, dtype=DTYPE)
+    W = _zeros(dp, dp)
     for g in range(t):
         W[V[g], :c] = eye
     return layers + projection(W, N)
@@ -1231,7 +1229,7 @@ def compile_circuit(circuit, N, d):
     dp = max(widths)
     row0 = _zeros(N, dp)
     row0[0] = 1
-    Z = torch.zeros(dp, dp, dtype=DTYPE)
+    Z = _zeros(dp, dp)
 
     # gather: channel c(k) = position of input node k in `inputs`
     col = {k: c for c, k in enumerate(inputs)}
@@ -1379,7 +1377,7 @@ def affine(W, b, Np):
 
 def _blank(Np, dp):
     """W, b1, h, b2 of a layer that outputs 0 in every channel until some are set."""
-    return torch.zeros(dp, dp, dtype=DTYPE), _zeros(Np, dp), _zeros(dp, Np), _zeros(Np, dp)
+    return _zeros(dp, dp), _zeros(Np, dp), _zeros(dp, Np), _zeros(Np, dp)
 
 
 def _carry(b1, h, channels):
@@ -1404,7 +1402,7 @@ def hyena_as_baseconv(hyena, T):
     dp = (L + 1) * d_model
     z = slice(L * d_model, dp)
     with torch.no_grad():
-        W = torch.zeros(dp, dp, dtype=DTYPE)
+        W = _zeros(dp, dp)
         W[:d_model] = hyena.in_proj.weight.T
         layers = stack(affine(W, hyena.in_proj.bias, T),
                        convolution(coeff(hyena.short_filter(), T)))
@@ -1414,7 +1412,7 @@ def hyena_as_baseconv(hyena, T):
             h[z] = coeff(h_l, T)
             _carry(b1, h, slice(0, L * d_model))
             layers.append(Layer(W, b1, h, b2))
-        W = torch.zeros(dp, dp, dtype=DTYPE)
+        W = _zeros(dp, dp)
         W[z, :d_model] = hyena.out_proj.weight.T
         return stack(layers, affine(W, hyena.out_proj.bias, T))
 
@@ -1458,7 +1456,7 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
     qk_of, v_of = m // hd, (m // (hd * hd)) * hd + m % hd      # k_hi (and q_hi), v_hj of (h,i,j)
     q, v, kv = torch.arange(d_model), d_model + torch.arange(d_model), 2 * d_model + m
     with torch.no_grad():
-        W1, b = torch.zeros(dp, dp, dtype=DTYPE), b.detach().to(DTYPE)
+        W1, b = _zeros(dp, dp), b.detach().to(DTYPE)
         (Wq, Wk, Wv), (bq, bk, bv) = W.split(d_model, dim=1), b.split(d_model)
         W1[:d, q], W1[:d, v], W1[:d, kv] = Wq, Wv, Wk[:, qk_of]
         layers = affine(W1, torch.cat([bq, bv, bk[qk_of]]), T)
@@ -1471,7 +1469,7 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
         W3[q[qk_of], kv] = 1.0
         h[kv] = coeff(kernel, T)
         layers.append(Layer(W3, b1, h, b2))
-        W4 = torch.zeros(dp, dp, dtype=DTYPE)
+        W4 = _zeros(dp, dp)
         W4[kv, :W_o.shape[1]] = W_o.detach().to(DTYPE)[v_of]
         return stack(layers, affine(W4, b_o, T))
 

@@ -177,8 +177,9 @@ def make_config(preset="cpu", **overrides):
     for key, value in PRESETS[preset](config).items():
         if key not in overrides:
             setattr(config, key, value)
-    if preset == "figure2" and config.mixer in FIGURE2_MIXERS:
-        config.mixer = figure2_mixer(config.mixer, config.seq_len, config.n_layers)
+    if preset == "figure2" and config.mixer in FIGURE2_MIXERS:    # e.g. "h3" -> "h3:form=..."
+        config.mixer = mixer_setting([FIGURE2_MIXERS[config.mixer](i, config.seq_len)
+                                      for i in range(config.n_layers)])
     return check_config(config)
 
 
@@ -390,11 +391,10 @@ class Block(nn.Module):
     def __init__(self, mixer, d_model, kind="pre_norm", mlp=False):
         super().__init__()
         self.kind, self.mixer = kind, mixer
-        self.norm1 = (nn.RMSNorm(d_model, eps=1e-5) if kind == "rms_pre_norm"
-                      else nn.LayerNorm(d_model))
         rms = kind == "rms_pre_norm"
-        self.norm2 = ((nn.RMSNorm(d_model, eps=1e-5) if rms else nn.LayerNorm(d_model))
-                      if mlp or kind == "identity_mlp" else None)
+        norm = lambda: nn.RMSNorm(d_model, eps=1e-5) if rms else nn.LayerNorm(d_model)
+        self.norm1 = norm()
+        self.norm2 = norm() if mlp or kind == "identity_mlp" else None
         self.mlp = (SwiGLU(d_model) if rms else MLP(d_model)) if mlp else None
 
     def _second_sublayer(self, x):
@@ -488,10 +488,6 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
             Linear biases 0, each mixer's out_proj drawn as PyTorch's default and divided by
             √L; everything else keeps the mixer's own initialisation.
     """
-    def own_init_modules():
-        return {id(sub) for m in model.modules() if getattr(m, "keeps_own_init", False)
-                for sub in m.modules()}
-
     if scheme == "gpt2" and block == "rms_pre_norm":
         for module in model.modules():
             if isinstance(module, nn.Embedding):
@@ -504,7 +500,8 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
                 with torch.no_grad():
                     b.mixer.out_proj.weight /= math.sqrt(n_layers)
         return
-    skip = own_init_modules() if scheme == "normal" else set()
+    skip = ({id(sub) for m in model.modules() if getattr(m, "keeps_own_init", False)
+             for sub in m.modules()} if scheme == "normal" else set())
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)) and id(module) not in skip:
             nn.init.normal_(module.weight, 0.0, 0.02)
@@ -847,10 +844,7 @@ def train(config):
         "n_params": sum(p.numel() for p in model.parameters()), **provenance(device),
         "history": history,
     }
-    if "valid_acc" in final:
-        record["valid_acc"] = final["valid_acc"]
-    if "valid_loss" in final:
-        record["valid_loss"] = final["valid_loss"]
+    record.update({k: final[k] for k in ("valid_acc", "valid_loss") if k in final})
     if selection:
         record["selection"] = selection        # one entry per selective-attention layer
     if run["resumed"]:
@@ -1080,12 +1074,6 @@ def figure2_values(config):
     return values
 
 
-def figure2_mixer(name, seq_len, n_layers):
-    """A Figure 2 model name as its per-layer `mixer` setting, e.g. "h3" ->
-    "h3:form=official:d_state=64:head_dim=2,h3:form=official:d_state=64:head_dim=2"."""
-    return mixer_setting([FIGURE2_MIXERS[name](i, seq_len) for i in range(n_layers)])
-
-
 PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
 
 
@@ -1098,6 +1086,10 @@ PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
 # --preset=figure2, where the paper used it); "cpu" a reduced one for two CPU cores, every
 # reduction said in the README ("The paper's experiments").
 PAPER_LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)          # logspace(-4, -2, 4), 3 digits
+# Figure 2's grid and its four learning rates, for --scale=paper (on the official recipe)
+PAPER_GRID = dict(preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
+                  nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
+                  num_valid=[3000])
 FIG2_MODELS = {name: name for name in FIGURE2_MIXERS}
 BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Figure 2's stack
 # c = 512 and 1M fresh examples (8000 steps of 128, none seen twice): README, "The paper's
@@ -1186,19 +1178,14 @@ SWEEPS = {
     # accuracy against recurrent state size (results/frontier_state.png), the picture of
     # Figure 2's right panel and of the Based paper, with the mixers of 2024-25 on it
     "frontier": {
-        "paper": dict(models=FRONTIER_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
-                      nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
-                      num_valid=[3000]),
+        "paper": dict(models=FRONTIER_MODELS, **PAPER_GRID),
         # D = 16 at N = 64 fills half the context with pairs: where a small state runs out
         "cpu": dict(models=FRONTIER_MODELS, nd=[(64, 4), (64, 16)], d_model=[32, 64],
                     lr=[3e-3], seed=[0], num_train=[256_000], max_steps=[2000],
                     num_valid=[1000]),
     },
     "fig2": {
-        "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, preset=["figure2"],
-                      lr=PAPER_LRS, seed=[0, 1, 2],
-                      nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
-                      num_valid=[3000]),
+        "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, **PAPER_GRID),
         # Claim 1 in three parts: the gated convolutions rise with d at N = 32 (d >= N), every
         # gated convolution at d = 32 < N = 64, attention at d = 64 for both N; the lower rows,
         # input-dependent filters, at d = 32 < N = 64
@@ -1248,9 +1235,7 @@ SWEEPS = {
                             for d in grid["d_model"] if (label, d) in FIG2_EPOCHS_LRS]},
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
-        "paper": dict(models=F2_MODELS, preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
-                      nd=[(64, 4), (128, 8), (256, 16), (512, 64)], d_model=[64, 128, 256, 512],
-                      num_valid=[3000]),
+        "paper": dict(models=F2_MODELS, **PAPER_GRID),
         "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64], vocab_size=[512],
                     lr=[3e-3], seed=[0, 1, 2], num_train=[256_000], max_steps=[2000],
                     num_valid=[1000]),
@@ -1277,11 +1262,6 @@ def sweep_runs(name, scale):
     return runs
 
 
-def command_line(overrides):
-    """The `python train.py --key=value ...` line that runs one grid point."""
-    return "python train.py " + " ".join(shlex.quote(f"--{k}={v}") for k, v in overrides.items())
-
-
 def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
     where it stopped, each unfinished run from its checkpoint; resume=False trains the
@@ -1290,8 +1270,9 @@ def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     instead."""
     runs = sweep_runs(name, scale)
     if dry_run:
-        for _, overrides in runs:
-            print(command_line(overrides))
+        for _, overrides in runs:                  # the command line of each run
+            print("python train.py " + " ".join(shlex.quote(f"--{k}={v}")
+                                                for k, v in overrides.items()))
         return []
 
     def finished():
@@ -1686,20 +1667,41 @@ def dodge(x, i, n, spread=0.05):
     return x * 2 ** (spread * (i - (n - 1) / 2))
 
 
+def plotted_records(name):
+    """The records of results/<name>, or a ValueError when there are none to plot."""
+    records = load_records(f"results/{name}")
+    if not records:
+        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
+                         f"(python train.py --sweep={name})")
+    return records
+
+
+def pyplot():
+    """matplotlib.pyplot, drawing to files only (the Agg backend: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path):
+    """Lay out, write and close `fig`; returns `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
+
+
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
     crosses; results/<name>_state.png: accuracy against recurrent state size;
     results/<name>_curves.png: the first seed's learning curves. Returns (the cells' rows,
     the paths written)."""
-    import matplotlib
+    plt = pyplot()
     import matplotlib.ticker
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     check_choice("plot", name, tuple(PLOT_AXES))
-    records = load_records(f"results/{name}")
-    if not records:
-        raise ValueError(f"results/{name} holds no records: run --sweep={name} first")
+    records = plotted_records(name)
     rows = cells(records)
     panel_keys, x_key = PLOT_AXES[name]
     panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
@@ -1754,8 +1756,7 @@ def plot_sweep(name):
     axes[0][0].set_ylim(0, 1.02)
     if not single:
         axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(f"results/{name}.png", dpi=120)
+    save_figure(fig, f"results/{name}.png")
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for row in rows:
         config = Config(**next(r["config"] for r in records if all(
@@ -1767,9 +1768,7 @@ def plot_sweep(name):
     ax.set(xlabel="recurrent state size (numbers per example, all layers)",
            ylabel="test accuracy", ylim=(0, 1.02))
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(f"results/{name}_state.png", dpi=120)
-    plt.close("all")
+    save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
     return rows, [f"results/{name}.png", f"results/{name}_state.png",
@@ -1883,11 +1882,6 @@ def runs_table(records, name="", curves=False):
     return markdown(header, table)
 
 
-def lm_summary(out_dir):
-    """The summary an LM experiment with records in `out_dir` wrote (run_lm_experiment)."""
-    return json.loads(lm_outputs(out_dir)[0].read_text())
-
-
 def lm_tables(s):
     """The four tables of an LM experiment (run_lm_experiment's summary `s`): each (model,
     seed)'s sliced perplexities next to the paper's Table 1; the validation loss of each
@@ -1942,7 +1936,7 @@ def markdown_table(name):
     if folder in RUN_TABLES:
         return runs_table(load_records(f"results/{folder}"), folder, RUN_TABLES[folder])
     if lm_outputs(f"results/{folder}")[0].exists():
-        tables = lm_tables(lm_summary(f"results/{folder}"))
+        tables = lm_tables(json.loads(lm_outputs(f"results/{folder}")[0].read_text()))
         check_choice("table part", part, tuple(tables))
         return tables[part]
     raise ValueError(f"--table={name!r} is not allowed: choose a sweep ({', '.join(PLOT_AXES)}), "
@@ -2022,13 +2016,8 @@ def plot_epochs(name="fig2_epochs"):
     """results/<name>.png: test accuracy after every epoch against training examples seen, one
     line per run, Figure 2's value (N = 64, after its 64 epochs) as a dotted line in the
     run's colour. Returns the path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    records = load_records(f"results/{name}")
-    if not records:
-        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
-                         f"(python train.py --sweep={name})")
+    plt = pyplot()
+    records = plotted_records(name)
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, r in enumerate(sorted(records, key=lambda r: (r["config"]["label"],
                                                          r["config"]["d_model"]))):
@@ -2045,11 +2034,7 @@ def plot_epochs(name="fig2_epochs"):
            ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01),
            title="Figure 2 at N = 64 on the paper's budget (--preset=figure2)")
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path = f"results/{name}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, f"results/{name}.png")
 
 
 # ----------------------------------------------------------------------------------------
@@ -2082,13 +2067,8 @@ def lr_table(name="fig2_lr"):
 def plot_lr(name="fig2_lr"):
     """results/<name>.png: test accuracy against the learning rate, one panel per model,
     one line per seed, PASS dotted. Returns the path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    records = load_records(f"results/{name}")
-    if not records:
-        raise ValueError(f"--plot={name} is not allowed yet: results/{name}/ holds no records "
-                         f"(python train.py --sweep={name})")
+    plt = pyplot()
+    records = plotted_records(name)
     order = model_order(name)
     labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
     fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
@@ -2105,11 +2085,7 @@ def plot_lr(name="fig2_lr"):
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
                  f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
-    fig.tight_layout()
-    path = f"results/{name}.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, f"results/{name}.png")
 
 
 FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
@@ -2299,9 +2275,7 @@ def plot_lm(rows, path, budget):
     """Perplexity overall, on AR hits and on the other tokens, one group of bars per model:
     each bar the geometric mean over the model's seeds (the perplexity of their tokens
     pooled), each seed a dot."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     labels = list(dict.fromkeys(r["label"] for r in rows))
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for i, (key, name) in enumerate([("ppl", "all tokens"), ("ppl_ar", "AR hits"),
@@ -2317,19 +2291,14 @@ def plot_lm(rows, path, budget):
     ax.set(ylabel="perplexity (log scale)", yscale="log",
            title=f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_lm_curves(rows, tokens_per_step, path, budget):
     """Validation perplexity against training tokens, log-log (where a power law is a
     line, so that the reader sees where each curve is heading): one colour per model, one
     line style per seed, each model at its chosen rate."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     seeds = sorted({r["seed"] for r in rows})
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
@@ -2348,10 +2317,7 @@ def plot_lm_curves(rows, tokens_per_step, path, budget):
     else:
         ax.text(0.5, 0.5, "no validation split (num_valid = 0)", ha="center",
                 transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2411,9 +2377,7 @@ def hf_causal_lm(name_or_path):
 
 def plot_appendix_g(curves, path, title):
     """AR and filler perplexity against P, one pair of lines per model (appendix G's plot)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for label, rows in curves.items():
         P = [r["num_pairs"] for r in rows]
@@ -2426,10 +2390,7 @@ def plot_appendix_g(curves, path, title):
     ax.set_xticks(P, [str(p) for p in P])
     ax.set_xticks([], minor=True)                      # no 3 x 10^0 between the P ticks
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2461,9 +2422,7 @@ def summarize(records):
 def plot_curves(records, path):
     """Test accuracy against training examples seen, one line per run (its history; where
     an evaluation scored only the probe, the first eval_probe test examples, that score)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     colors, shapes = {}, {}      # one colour per model, one line style and marker per (N, D, d)
     shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
@@ -2486,10 +2445,7 @@ def plot_curves(records, path):
                                                    for r in records}))
            + " (hollow: the first 500 test examples, a probe; filled: all)")
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers", "--launcher",
@@ -2543,13 +2499,10 @@ def sweep_command(flags, rest):
     name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
     records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume="--sweep" in flags,
                         workers=workers)
-    if name == "main" and records:
-        print(runs_table(records, name))
+    if records:
+        print(cells_table(name) if name in PLOT_AXES else runs_table(records, name))
+    if records and name == "main":
         print(f"wrote {plot_curves(records, 'results/main.png')}")
-    elif records and name in PLOT_AXES:
-        print(cells_table(name))
-    elif records:
-        print(runs_table(records, name))
 
 
 def hf_command(flags, rest):
@@ -2689,12 +2642,9 @@ def main(argv):
     try:
         check_flags(flags, rest)
         return command(flags, rest)(flags, rest) or 0
-    except ValueError as e:      # a bad argument, or a setting only the model or data checks
+    except (ValueError, SweepFailed) as e:   # a bad argument or setting; a worker's run failed
         print(f"train.py: {e}", file=sys.stderr)
-        return 2
-    except SweepFailed as e:                     # a run of --workers failed
-        print(f"train.py: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ValueError) else 1
     except KeyboardInterrupt:                    # Ctrl-C in a sweep
         print("interrupted: the finished runs' records are written, the unfinished runs "
               "checkpointed; the same command continues", file=sys.stderr)
