@@ -137,7 +137,8 @@ def test_per_example_baseline_has_the_same_layout():
 def test_first_query_slot_follows_the_power_law(alpha):
     """Key 1 is drawn first, so its slot g is distributed exactly as P(g) ∝ α(g+1)^(α-1).
 
-    Chi-square goodness of fit over 20,000 examples, rejected at the 0.999 level.
+    Chi-square goodness of fit over 20,000 examples, rejected at the 0.999 level; at α = 0.1
+    the same test rejects the probabilities of the wrong α (0.01), so it can fail.
     """
     N, D = 128, 8
     x, _ = mqar.multiquery_ar(20_000, seq_len=N, num_kv_pairs=D, power_a=alpha, seed=11)
@@ -146,16 +147,9 @@ def test_first_query_slot_follows_the_power_law(alpha):
     p = (np.arange(space) + 1.0) ** (alpha - 1)           # the formula, not power_law_probs
     stat, dof = chi2_gof(counts, p / p.sum())
     assert stat < chi2_critical(dof), (stat, dof)
-
-
-def test_power_law_test_has_power():
-    """The same test rejects slots drawn with the wrong α: it can fail."""
-    N, D = 128, 8
-    x, _ = mqar.multiquery_ar(20_000, seq_len=N, num_kv_pairs=D, power_a=0.1, seed=11)
-    space = (N - 2 * D) // 2
-    counts = np.bincount(query_slots(x, D)[:, 0].numpy(), minlength=space)
-    stat, dof = chi2_gof(counts, mqar.power_law_probs(space, 0.01))
-    assert stat > chi2_critical(dof)
+    if alpha == 0.1:
+        stat, dof = chi2_gof(counts, mqar.power_law_probs(space, 0.01))
+        assert stat > chi2_critical(dof)
 
 
 def test_power_law_probs_are_the_formula_of_procedure_1():
@@ -215,15 +209,7 @@ def test_random_non_queries_are_uniform_over_the_allowed_tokens():
     assert stat < chi2_critical(dof), stat
 
 
-def test_mqar_is_deterministic_and_seeded():
-    a = mqar.multiquery_ar(100, seed=7, random_non_queries=True)
-    b = mqar.multiquery_ar(100, seed=7, random_non_queries=True)
-    c = mqar.multiquery_ar(100, seed=8, random_non_queries=True)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    assert not torch.equal(a[0], c[0])
-
-
-def test_mqar_neither_reads_nor_changes_global_rng():
+def test_mqar_is_seeded_and_neither_reads_nor_changes_global_rng():
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
     first = mqar.multiquery_ar(50, seed=1, random_non_queries=True)
@@ -232,7 +218,8 @@ def test_mqar_neither_reads_nor_changes_global_rng():
     assert torch.equal(before[2], after[2])
     random.seed(123), np.random.seed(123), torch.manual_seed(123)
     second = mqar.multiquery_ar(50, seed=1, random_non_queries=True)
-    assert torch.equal(first[0], second[0])
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert not torch.equal(first[0], mqar.multiquery_ar(50, seed=2, random_non_queries=True)[0])
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -452,6 +439,14 @@ def run_steps(mixer, x, **per_token):
         ys.append(y)
         states.append(state)
     return torch.stack(ys, 1), states
+
+
+def perturb_(module, scale, only=""):
+    """Add scale·N(0, 1) noise to every parameter whose name contains `only`, in order."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if only in name:
+                p.add_(scale * torch.randn_like(p))
 
 
 # every mixer with its defaults, and the options that change the code path it takes
@@ -1226,7 +1221,7 @@ def test_h3_state_does_not_grow():
     ("rwkv", dict(chunk_size=0), "chunk_size=0"),
     ("retnet", dict(num_heads=3), "num_heads=3"),
     ("based", dict(feature_dim=0), "feature_dim=0"),
-    ("mamba", dict(d_state=0), "d_state=0"),
+    ("mamba", dict(d_state=0), "d_state=0"), ("h3", dict(d_state=3), "d_state=3"),
     ("selective_attention", dict(selection="oracle"), "selection='oracle'"),
     ("selective_attention", dict(inference="sample"), "inference='sample'"),
     ("input_dependent_conv", dict(filters="learned"), "filters='learned'"),
@@ -1437,25 +1432,21 @@ def test_retnet_module_is_multi_scale_retention_written_out(impl):
 # ----------------------------------------------------------------------------------------
 # mixers.Based
 
-def test_taylor_feature_map_identity():
+def test_taylor_feature_maps_give_the_taylor_kernel():
+    """φ(q)·φ(k) = 1 + s/√d + s²/(2d), s = q·k: the full map (1 + d + d² features), as
+    _taylor_kernel computes it, and the compact one (1 + d + d(d+1)/2) gives the same kernel."""
     torch.manual_seed(0)
     d = 16
     q, k = torch.randn(5, d, dtype=F64), torch.randn(5, d, dtype=F64)
     s = (q * k).sum(-1)
-    lhs = (mixers.taylor_feature_map(q) * mixers.taylor_feature_map(k)).sum(-1)
-    assert mixers.taylor_feature_map(q).shape == (5, 1 + d + d * d)
+    fq, fk = mixers.taylor_feature_map(q), mixers.taylor_feature_map(k)
+    lhs = (fq * fk).sum(-1)
+    assert fq.shape == (5, 1 + d + d * d)
     assert torch.allclose(lhs, 1 + s / math.sqrt(d) + s ** 2 / (2 * d), atol=1e-12)
     assert torch.allclose(mixers._taylor_kernel(q, k).diagonal(), lhs, atol=1e-12)
-
-
-def test_compact_taylor_feature_map_gives_the_same_kernel():
-    torch.manual_seed(0)
-    d = 16
-    q, k = torch.randn(5, d, dtype=F64), torch.randn(5, d, dtype=F64)
-    fq, fk = mixers.taylor_feature_map_compact(q), mixers.taylor_feature_map_compact(k)
-    assert fq.shape == (5, 1 + d + d * (d + 1) // 2)
-    want = mixers.taylor_feature_map(q) @ mixers.taylor_feature_map(k).T
-    assert torch.allclose(fq @ fk.T, want, atol=1e-12, rtol=1e-12)
+    cq, ck = mixers.taylor_feature_map_compact(q), mixers.taylor_feature_map_compact(k)
+    assert cq.shape == (5, 1 + d + d * (d + 1) // 2)
+    assert torch.allclose(cq @ ck.T, fq @ fk.T, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference", "parallel"])
@@ -1529,9 +1520,7 @@ def test_gla_module_is_the_papers_layer_written_out():
     swish(g), W_o. Every parameter perturbed so that each matters."""
     T, d = 10, 16
     m = make_mixer("gla", d=d, T=T, num_heads=2, chunk_size=3)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    perturb_(m, 0.3)
     x = torch.randn(2, T, d, dtype=F64)
     split = lambda t: t.unflatten(-1, (2, -1))                             # (B, T, H, ·)
     q, k, v = (split(x @ w.weight.T) for w in (m.q_proj, m.k_proj, m.v_proj))
@@ -1603,9 +1592,7 @@ def test_mamba2_module_is_mamba2_simple_written_out():
     the gate, RMSNorm(y ⊙ SiLU(z)) ⊙ w; out_proj. Every parameter perturbed."""
     T, d, n, P = 9, 8, 4, 4
     m = make_mixer("mamba2", d=d, T=T, d_state=n, headdim=P, chunk_size=4)
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.add_(0.3 * torch.randn_like(prm))
+    perturb_(m, 0.3)
     u = torch.randn(2, T, d, dtype=F64)
     z, xBC, dt = (u @ m.in_proj.weight.T).split([16, 16 + 2 * n, 4], -1)
     K = m.conv_weight.shape[1]
@@ -1700,9 +1687,7 @@ def test_delta_rule_layers_are_written_out(name):
     transcriptions), RMSNorm per head (Gated: times SiLU(x W_g)), W_o. All perturbed."""
     T, d, H = 9, 8, 2
     m = make_mixer(name, d=d, T=T, num_heads=H, conv_size=3, chunk_size=4)
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.add_(0.3 * torch.randn_like(prm))
+    perturb_(m, 0.3)
     x = torch.randn(2, T, d, dtype=F64)
     qkv = torch.cat([x @ p.weight.T for p in (m.q_proj, m.k_proj, m.v_proj)], -1)
     w = m.conv_weight
@@ -1768,9 +1753,7 @@ def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
     scale 1); GroupNorm per head; + (Σ r ⊙ k̃ ⊙ r_k) v; ⊙ g; W_o. All perturbed."""
     T, d, H = 7, 8, 2
     m = make_mixer("rwkv7", d=d, T=T, num_heads=H, chunk_size=3)
-    with torch.no_grad():
-        for prm in m.parameters():
-            prm.add_(0.3 * torch.randn_like(prm))
+    perturb_(m, 0.3)
     x = torch.randn(2, T, d, dtype=F64)
     shifted = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
     xr, xw, xk, xv, xa, xg = (x + (shifted - x) * m.mix[i] for i in range(6))
@@ -1822,20 +1805,13 @@ def test_mamba_module_is_the_selective_ssm_written_out(impl):
     assert torch.allclose(m(u), torch.stack(y, 1) @ m.out_proj.weight.T, atol=1e-12)
 
 
-def test_mamba_initialisation_survives_zeroed_linear_biases():
-    m = mixers.Mamba(16, 24)
-    for mod in m.modules():
-        if isinstance(mod, torch.nn.Linear):
-            assert mod.bias is None
-    dt = torch.nn.functional.softplus(m.dt_bias)
-    assert (dt > 0.9e-3).all() and (dt < 0.11).all()
-
-
 def test_mamba_is_initialised_as_mamba_initialises_itself():
     """mamba_simple.py (copied by zoology/mixers/mamba.py): dt_proj U(±dt_rank^-1/2), the
-    conv and the Linear layers as PyTorch draws them: U(±1/√fan_in)."""
+    conv and the Linear layers as PyTorch draws them: U(±1/√fan_in). No Linear has a bias
+    (dt_bias is its own parameter), so zeroing Linear biases cannot undo the Δ init."""
     torch.manual_seed(0)
     m = mixers.Mamba(64, 24)
+    assert all(mod.bias is None for mod in m.modules() if isinstance(mod, torch.nn.Linear))
     r = m.dt_proj.in_features
     for p, bound in ((m.dt_proj.weight, r ** -0.5), (m.conv_weight, 0.5), (m.conv_bias, 0.5),
                      (m.in_proj.weight, 64 ** -0.5), (m.x_proj.weight, 128 ** -0.5),
@@ -2070,6 +2046,28 @@ def small_config(**overrides):
     return c
 
 
+def small_model(n, data_seed=0, double=False, eval=False, **overrides):
+    """(c, model, x, y): c = small_config(**overrides), the model built after
+    torch.manual_seed(0) (float64 if double, in eval mode if eval), then n MQAR examples
+    drawn with data_seed (from their own generator)."""
+    c = small_config(**overrides)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c)
+    model = model.double() if double else model
+    model = model.eval() if eval else model
+    return (c, model) + multiquery_ar(n, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=data_seed)
+
+
+def model_steps(model, x):
+    """model.step over every position of x (B, T), without gradients: the outputs stacked."""
+    states, steps = None, []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            h, states = model.step(x[:, t], t, states)
+            steps.append(h)
+    return torch.stack(steps, 1)
+
+
 def test_parse_overrides_types_and_errors():
     c = train.parse_overrides(["--lr=1e-3", "--n_layers=3", "--mlp=true", "--mixer=attention"])
     assert (c.lr, c.n_layers, c.mlp) == (1e-3, 3, True)
@@ -2122,11 +2120,9 @@ def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
 @pytest.mark.parametrize("name", list(MIXERS))
 def test_every_mixer_trains_in_the_model(name, tmp_path):
     """A few steps of train.py with each mixer: the loss falls on a fixed batch."""
-    c = small_config(mixer=name, lr=3e-3, warmup_steps=0, out_dir=str(tmp_path))
-    torch.manual_seed(0)
-    model = train.LanguageModel(c)
+    c, model, x, y = small_model(16, data_seed=1, mixer=name, lr=3e-3, warmup_steps=0,
+                                 out_dir=str(tmp_path))
     opt = train.make_optimizer(model, c)
-    x, y = mqar.multiquery_ar(16, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=1)
     first = train.labelled_loss(model, x, y)[0].item()
     for _ in range(15):
         loss = train.labelled_loss(model, x, y)[0]
@@ -2316,8 +2312,18 @@ def test_a_killed_run_resumes_exactly(tmp_path):
     a = json.loads(a.read_text())
     # training seconds count each one once, however many checkpoints (40 here)
     assert a["history"][-1]["seconds"] <= a["train_time_s"] <= a["wall_time_s"]
-    drop = lambda h: [{k: v for k, v in e.items() if k != "seconds"} for e in h]
     wa = torch.load(next((tmp_path / "straight").glob("*.pt")), weights_only=True)
+    drop = lambda h: [{k: v for k, v in e.items() if k != "seconds"} for e in h]
+    def same_as_straight(folder):
+        """The resumed run's record (returned): the straight run's history (seconds aside),
+        scores and weights."""
+        [b] = folder.glob("*.json")
+        b = json.loads(b.read_text())
+        assert drop(a["history"]) == drop(b["history"]) and len(a["history"]) == 7
+        assert all(a[k] == b[k] for k in ("steps", "test_acc", "valid_acc")), folder.name
+        wb = torch.load(next(folder.glob("*.pt")), weights_only=True)
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), folder.name
+        return b
     for how, kill_at, stopped_at in (("SIGKILL", 20, 20), ("SIGKILL", 26, 26),
                                      ("SIGINT", 20, 21), ("SIGINT", 25, 26)):
         folder = tmp_path / f"{how}{kill_at}"
@@ -2334,27 +2340,16 @@ def test_a_killed_run_resumes_exactly(tmp_path):
         resumed = run("none", 0, folder)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert not list(folder.glob("*.ckpt"))
-        [b] = folder.glob("*.json")
-        b = json.loads(b.read_text())
+        b = same_as_straight(folder)
         assert [r["step"] for r in b["resumed"]] == [stopped_at]
         assert b["train_time_s"] > state["run"]["train_time"]
-        assert drop(a["history"]) == drop(b["history"]) and len(a["history"]) == 7
-        assert (a["steps"], a["test_acc"], a["valid_acc"]) == (b["steps"], b["test_acc"],
-                                                               b["valid_acc"])
-        wb = torch.load(next(folder.glob("*.pt")), weights_only=True)
-        assert all(torch.equal(wa[k], wb[k]) for k in wa), (how, kill_at)
     # killed twice: after 20, and after 30 in the run that continued; its checkpoint then
     # holds the first resume's provenance, and the third run reads it
     folder = tmp_path / "twice"
     run("SIGKILL", 20, folder, "--checkpoint_every=1e-9")
     assert run("SIGKILL", 30, folder, "--checkpoint_every=1e-9").returncode == -9
     assert run("none", 0, folder).returncode == 0
-    [b] = folder.glob("*.json")
-    b = json.loads(b.read_text())
-    assert [r["step"] for r in b["resumed"]] == [20, 30]
-    assert drop(a["history"]) == drop(b["history"])
-    wb = torch.load(next(folder.glob("*.pt")), weights_only=True)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [r["step"] for r in same_as_straight(folder)["resumed"]] == [20, 30]
     # Ctrl-C during the last step: the run is finished and recorded, and still stops its
     # caller (exit 130)
     last = run("SIGINT", 39, tmp_path / "last", "--checkpoint_every=1e-9")
@@ -2438,9 +2433,17 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--hf=gpt2", "--samples=0"], "--samples=0 is not allowed"),
     (["--task=lm", "--samples=-3"], "--samples=-3 is not allowed"),
     (["--seeds=two"], "--seeds='two' is not allowed"),
+    (["--seeds=0"], "--seeds=0 is not allowed"),
     (["--dry_run"], "--dry_run and --scale are not allowed without --sweep"),
-    (["--scale=paper", "--mixer=h3"], "--dry_run and --scale are not allowed without --sweep")])
-def test_where_a_sweep_runs_refuses_options_that_would_do_nothing(args, message, capsys):
+    (["--scale=paper", "--mixer=h3"], "--dry_run and --scale are not allowed without --sweep"),
+    (["--task=lm", "--ar_threshold=-1"], "--ar_threshold=-1 is not allowed"),
+    (["--task=lm", "--seeds=3"], "--seeds is not allowed with --task=lm"),
+    (["--task=lm", "--bench"], "--bench is not allowed with --task=lm"),
+    (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold is not allowed without --task=lm")])
+def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
+        args, message, capsys, monkeypatch):
+    """Exit status 2 and the message, before anything trains."""
+    monkeypatch.setattr(train, "run_lm_experiment", lambda *a: pytest.fail("started training"))
     assert train.main(args) == 2 and message in capsys.readouterr().err
 
 
@@ -2743,10 +2746,7 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
 def test_amp_loss_and_gradients_are_close_to_float32(mixer):
     """bfloat16 autocast (amp=True) on the CPU: the training loss within 3% of float32's and
     every gradient finite and pointing the same way (cosine > 0.95)."""
-    c = small_config(mixer=mixer)
-    torch.manual_seed(0)
-    model = train.LanguageModel(c)
-    x, y = mqar.multiquery_ar(16, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=1)
+    _, model, x, y = small_model(16, data_seed=1, mixer=mixer)
     grads = []
     for amp in (False, True):
         model.zero_grad()
@@ -2773,24 +2773,6 @@ def test_amp_and_compiled_training_run_and_compile_matches_eager(tmp_path):
         train.check_config(small_config(compile="fast"))
 
 
-def test_cli_checks_seeds():
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--seeds=0"],
-                         capture_output=True, text=True, cwd=REPO)
-    assert out.returncode == 2 and "--seeds=0 is not allowed" in out.stderr
-    assert "Traceback" not in out.stderr
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--task=lm", "--ar_threshold=-1"], "--ar_threshold=-1 is not allowed"),
-    (["--task=lm", "--seeds=3"], "--seeds is not allowed with --task=lm"),
-    (["--task=lm", "--bench"], "--bench is not allowed with --task=lm"),
-    (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold is not allowed without --task=lm")])
-def test_cli_checks_the_lm_flags_before_training(argv, message, capsys, monkeypatch):
-    monkeypatch.setattr(train, "run_lm_experiment", lambda *a: pytest.fail("started training"))
-    assert train.main(argv) == 2
-    assert message in capsys.readouterr().err
-
-
 def test_lr_schedule_warms_up_then_decays_to_zero():
     c = train.Config(lr=1.0, warmup_steps=10, max_steps=110)
     lrs = [train.lr_at(s, c) for s in range(111)]
@@ -2805,10 +2787,7 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
     hidden state times the tied embedding (projecting only the labelled rows is the full
     logits' loss with ignore_index); `correct` counts argmax hits (half the labels are
     set to the argmax here, so the count is not trivially 0)."""
-    c = small_config()
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).double()
-    x, y = mqar.multiquery_ar(4, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=3)
+    c, model, x, y = small_model(4, data_seed=3, double=True)
     with torch.no_grad():
         hidden = model(x)
         terms, hits = [], 0
@@ -2829,23 +2808,14 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
                                    "h3,selective_attention"])
 def test_model_step_equals_forward(mixer):
     """The whole model token by token (tokens reach selective attention in both views)."""
-    c = small_config(mixer=mixer)
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).double().eval()
-    x, _ = mqar.multiquery_ar(3, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    _, model, x, _ = small_model(3, data_seed=2, double=True, eval=True, mixer=mixer)
     with torch.no_grad():
         full = model(x)
-        states, steps = None, []
-        for t in range(c.seq_len):
-            h, states = model.step(x[:, t], t, states)
-            steps.append(h)
-    assert torch.allclose(torch.stack(steps, 1), full, atol=1e-10)
+    assert torch.allclose(model_steps(model, x), full, atol=1e-10)
 
 
 def test_learned_selection_adds_its_aux_loss(tmp_path):
-    c = small_config(mixer="base_conv,selective_attention:top_k=1")
-    model = train.LanguageModel(c)
-    x, _ = mqar.multiquery_ar(4, c.vocab_size, c.seq_len, c.num_kv_pairs)
+    _, model, x, _ = small_model(4, mixer="base_conv,selective_attention:top_k=1")
     assert model.aux_loss() == 0.0
     model(x)
     sel = model.blocks[1].mixer
@@ -2910,14 +2880,12 @@ def test_official_blocks_are_the_official_transcription(block, mixer):
     """identity_mlp is TransformerBlock with the identity as state mixer: r + mixer(LN1(r)),
     then r + LN2(r); rms_pre_norm is MambaBlock: r + mixer(RMSNorm(r)). Also checks that
     the model's own step agrees."""
-    c = small_config(mixer=mixer, block=block)
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).double().eval()
+    c, model, x, _ = small_model(3, data_seed=2, double=True, eval=True, mixer=mixer,
+                                 block=block)
     if block == "rms_pre_norm":
         assert isinstance(model.blocks[0].norm1, torch.nn.RMSNorm)
         with torch.no_grad():
             model.blocks[0].norm1.weight.uniform_(0.5, 1.5)
-    x, _ = mqar.multiquery_ar(3, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
     with torch.no_grad():
         want = official_backbone(model, x, block)
         assert torch.allclose(model(x), want, atol=1e-12)
@@ -2925,11 +2893,7 @@ def test_official_blocks_are_the_official_transcription(block, mixer):
             plain = dataclasses.replace(c, block="pre_norm")
             torch.manual_seed(0)
             assert not torch.allclose(train.LanguageModel(plain).double().eval()(x), want)
-        states, steps = None, []
-        for t in range(c.seq_len):
-            h, states = model.step(x[:, t], t, states)
-            steps.append(h)
-    assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
+    assert torch.allclose(model_steps(model, x), want, atol=1e-10)
     with pytest.raises(ValueError, match="mlp=True is not allowed with block='identity_mlp'"):
         train.check_config(small_config(block="identity_mlp", mlp=True))
 
@@ -2940,14 +2904,8 @@ def test_pre_norm_model_is_its_formula(mlp):
     embedding + positions, h = h + mixer(LN₁(h)), then h = h + MLP(LN₂(h)) if mlp, and a
     final LN; written with the model's parameters, norms perturbed. A post-norm block,
     LN(h + mixer(h)), fails this."""
-    c = small_config(mlp=mlp)
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) / 2)
-    x, _ = mqar.multiquery_ar(2, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    c, model, x, _ = small_model(2, data_seed=2, double=True, eval=True, mlp=mlp)
+    perturb_(model, 0.5, only="norm")
 
     def ln(h, norm):
         mu, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
@@ -2985,16 +2943,11 @@ def test_llama_block_is_its_formula():
     """block="rms_pre_norm" with mlp and rotary attention, no learned positions: the Llama
     recipe. h = h + attention(RMSNorm₁(h)), h = h + W_o(silu(W_g a) ⊙ W_u a) with
     a = RMSNorm₂(h), written out with the model's parameters; step agrees."""
-    c = small_config(mixer="attention:rotary=true", block="rms_pre_norm", mlp=True,
-                     position_embedding="none")
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).double().eval()
+    c, model, x, _ = small_model(2, data_seed=2, double=True, eval=True,
+                                 mixer="attention:rotary=true", block="rms_pre_norm", mlp=True,
+                                 position_embedding="none")
     assert model.pos is None and model.blocks[0].mlp.gate.out_features == 88    # 8·⌈32/3⌉
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) / 2)
-    x, _ = mqar.multiquery_ar(2, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    perturb_(model, 0.5, only="norm")
     rms = lambda h, norm: h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-5) * norm.weight
     with torch.no_grad():
         h = model.embed.weight[x]
@@ -3005,11 +2958,7 @@ def test_llama_block_is_its_formula():
             h = h + hidden @ b.mlp.out_proj.weight.T
         want = model.norm(h)
         assert torch.allclose(model(x), want, atol=1e-12)
-        states, steps = None, []
-        for t in range(c.seq_len):
-            out, states = model.step(x[:, t], t, states)
-            steps.append(out)
-    assert torch.allclose(torch.stack(steps, 1), want, atol=1e-10)
+    assert torch.allclose(model_steps(model, x), want, atol=1e-10)
 
 
 def test_a_model_has_one_colour_in_every_figure():
@@ -3160,10 +3109,7 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
 def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
     """Batches of 7 rows (the last one ragged) weigh each position once: the whole split's
     mean, and the same accuracy as without the loss."""
-    c = small_config()
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).eval()
-    x, y = multiquery_ar(40, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=3)
+    _, model, x, y = small_model(40, data_seed=3, eval=True)
     acc, loss = train.evaluate(model, x, y, batch_size=7, with_loss=True)
     with torch.no_grad():
         whole, correct, n = train.labelled_loss(model, x, y)
@@ -3174,10 +3120,7 @@ def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
 def test_evaluate_scores_in_eval_mode_and_hands_the_model_back_training():
     """Dropout is off while a split is scored (two scores of a training model agree, and
     equal the eval-mode score), and the model is in training mode afterwards."""
-    c = small_config(dropout=0.5)
-    torch.manual_seed(0)
-    model = train.LanguageModel(c)
-    x, y = multiquery_ar(40, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=3)
+    _, model, x, y = small_model(40, data_seed=3, dropout=0.5)
     first = train.evaluate(model, x, y, with_loss=True)
     assert model.training and train.evaluate(model, x, y, with_loss=True) == first
     with torch.no_grad():
