@@ -53,9 +53,8 @@ official forms alike):
   step(x_t, state)    x_t (B, d); state=None starts a sequence; returns (y_t, new_state)
                       with y_t == forward(x)[:, t]. The state is a tuple of tensors whose
                       leading dimension is B.
-  state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0);
-                      equal to the real size of what `step` returns (the paper's "recall vs
-                      memory" axis).
+  state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0):
+                      the paper's "recall vs memory" axis.
 One rule for every mixer: state_size counts everything `step` carries to the next token,
 the recurrent matrix and the buffers of its short convolutions and token shifts alike
 (test_all checks it against the real state of every mixer). States are as small as each
@@ -70,13 +69,10 @@ on Figure 2's state axis are not all measured alike.
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
 an nn.Module only holds parameters and calls them. A computation with several forms keeps
-them in one dict (ATTENTION_IMPLS, SLIDING_WINDOW_IMPLS, BLOCKED_ATTENTION_IMPLS,
-CONV_IMPLS, WKV_IMPLS, RETENTION_IMPLS, BASED_IMPLS, SCAN_IMPLS, GLA_IMPLS, SSD_IMPLS,
-DELTA_RULE_IMPLS, DPLR_IMPLS): the forms of one
-computation take the same arguments, a module's `impl` option names one, and the tests
-assert they agree. Forms of a
-recurrence take the state before their first position (state=None: the start) and return
-(y, the state after their last), as flash-linear-attention's naive kernels do
+them in one dict (the `*_IMPLS` dicts, e.g. CONV_IMPLS): the forms of one computation take
+the same arguments, a module's `impl` option names one, and the tests assert they agree.
+Forms of a recurrence take the state before their first position (state=None: the start)
+and return (y, the state after their last), as flash-linear-attention's naive kernels do
 (initial_state, output_final_state). So `step` is a recurrence run on one token: the
 reference form of RetNet, Based and Mamba, RWKV's wkv_step (the one step its reference
 loops over), causal_conv with its state in the convolutions.
@@ -127,12 +123,6 @@ def check_divides(name, value, d_model):
 def check_positive(name, value, allowed="an integer >= 1"):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} is not allowed: {name} must be {allowed}")
-
-
-def check_even(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 2 or value % 2:
-        raise ValueError(f"{name}={value!r} is not allowed: {name} must be an even "
-                         f"integer >= 2")
 
 
 class Mixer(nn.Module):
@@ -996,7 +986,8 @@ class H3(Mixer):
     def __init__(self, d_model, seq_len, d_state=64, head_dim=1, shift_size=None,
                  impl="fast"):
         super().__init__()
-        check_even("d_state", d_state)
+        if isinstance(d_state, bool) or not isinstance(d_state, int) or d_state < 2 or d_state % 2:
+            raise ValueError(f"d_state={d_state!r} is not allowed: it must be an even integer >= 2")
         check_divides("head_dim", head_dim, d_model)
         shift_size = d_state if shift_size is None else shift_size
         check_positive("shift_size", shift_size, "an integer >= 1, or None for d_state")
@@ -1062,9 +1053,7 @@ class H3(Mixer):
 
     def state_size(self, t):
         d = self.out_proj.in_features
-        if t == 0:
-            return 0                                    # no state before the first token
-        return d * min(t, self.shift_size - 1) + d * self.head_dim * self.d_state
+        return d * min(t, self.shift_size - 1) + d * self.head_dim * self.d_state if t else 0
 
     def shift_taps(self, d_model, shift_size):
         """The shift SSM's C, a filter of shift_size taps, as first drawn."""
@@ -1265,7 +1254,6 @@ class RWKV(Mixer):
         return r, k, v
 
     def forward(self, x):
-        B, T, d = x.shape
         x_prev = F.pad(x, (0, 0, 1, -1))                                      # token shift
         r, k, v = self._rkv(x, x_prev)
         k, v = _at_least_float32(k, v)        # under autocast too: the official kernel's sums
@@ -1282,9 +1270,7 @@ class RWKV(Mixer):
         return self.out_proj(torch.sigmoid(r) * y), (*wkv_state, x_t)
 
     def state_size(self, t):
-        if t == 0:
-            return 0                                    # no state before the first token
-        return 4 * self.out_proj.in_features
+        return 4 * self.out_proj.in_features if t else 0
 
 
 class OfficialRWKV(RWKV):
@@ -1438,7 +1424,6 @@ class RetNet(Mixer):
         return self.out_proj(F.silu(self.g_proj(x)) * y)
 
     def forward(self, x):
-        B, T, d = x.shape
         q, k, v = (t.transpose(1, 2) for t in self._heads(x))                 # (B, H, T, hs)
         y, _ = RETENTION_IMPLS[self.impl](q, k, v, self.gamma, chunk_size=self.chunk_size)
         return self._output(x, y.transpose(1, 2))                             # (B, T, d)
@@ -1449,10 +1434,8 @@ class RetNet(Mixer):
         return self._output(x_t, y[:, :, 0]), (S,)
 
     def state_size(self, t):
-        if t == 0:
-            return 0                                    # no state before the first token
         d = self.out_proj.in_features
-        return d * d // self.num_heads
+        return d * d // self.num_heads if t else 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -1623,10 +1606,8 @@ class Based(Mixer):
         return self.out_proj(y.reshape(B, d)), state
 
     def state_size(self, t):
-        if t == 0:
-            return 0                                    # no state before the first token
         Fd = 1 + self.feature_dim + self.feature_dim * (self.feature_dim + 1) // 2
-        return self.num_heads * Fd * (self.out_proj.in_features // self.num_heads + 1)
+        return self.num_heads * Fd * (self.out_proj.in_features // self.num_heads + 1) if t else 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -1636,9 +1617,8 @@ class Based(Mixer):
 # y_t = C_t h_t + skip ⊙ x_t                     (skip: the paper's D)
 # Both scans take (x, delta, A, Bm, Cm, skip, state=None, chunk_size): x, delta
 # (B, T, d_inner), A (d_inner, d_state), Bm, Cm (B, T, d_state), skip (d_inner,), state h
-# (B, d_inner, d_state) before the first
-# position (None: 0); chunk_size is the chunked scan's, the sequential one ignores it. Each
-# returns (y, h after the last position).
+# (B, d_inner, d_state) before the first position (None: 0); chunk_size is the chunked
+# scan's, the sequential one ignores it. Each returns (y, h after the last position).
 
 
 def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=None):
@@ -1775,23 +1755,16 @@ class Mamba(Mixer):
         return y[:, 0], state
 
     def state_size(self, t):
-        if t == 0:
-            return 0                                    # no state before the first token
         d_inner, K = self.conv_weight.shape
-        return d_inner * (self.d_state + min(t, K - 1))
+        return d_inner * (self.d_state + min(t, K - 1)) if t else 0
 
 
 # ----------------------------------------------------------------------------------------
 # Selective attention (Section 5)
 #
-# y[i] = f(u)[i] · W_o softmax(q_i Kᵀ/√hs) V        f(u) ∈ {0, 1}^T chooses the rows
-#   programmatic  f[i] = 1 iff token u_i appeared at some position j < i; with a budget
-#                 (top_k), the first repeat of each token, the first top_k of them
-#   learned       f = σ(u w + b): soft during training, hard at inference
-#   random        a fresh, uniformly random set of exactly top_k rows for every example,
-#                 whatever its tokens: the control, matched in the number of rows
-# aux loss (learned): (1/N) · max(0, Σ_i f(u)[i] - k), averaged over the batch.
-# Every key stays in the cache: f only decides which rows (queries) produce output.
+# y[i] = f(u)[i] · W_o softmax(q_i Kᵀ/√hs) V, where f(u) ∈ {0, 1}^T chooses the rows
+# (programmatically, learned or at random: SelectiveAttention). Every key stays in the
+# cache: f only decides which rows (queries) produce output.
 # This reference computes every row and then zeroes the unselected ones; the saving the
 # paper is after (attention on k rows only) is not realised here.
 
@@ -1847,13 +1820,11 @@ class SelectiveAttention(Mixer):
     on, as attention) and is a separate parameter so a model's "biases 0" initialisation
     leaves it alone. top_k defaults to N/4, aux_weight to 1. The official code's learned
     selection is OfficialSelectiveAttention (form="official").
-    selection="programmatic" needs the token ids: `forward(x, tokens)` and
-    `step(x_t, state, token)`; the class attribute `takes_tokens = True` tells a model to
-    pass them (other mixers take x only). It keeps every row whose token appeared before,
-    or, given top_k, the first repeat of each token, the first top_k of them
-    (first_repeats): "attention on a few rows", to set against "on almost every row" (on
-    MQAR with the filler 0 the plain rule keeps every row after the context but the
-    filler's first: N - 2D - 1 of N).
+    selection="programmatic" needs the token ids (`takes_tokens`). It keeps every row whose
+    token appeared before (on MQAR with the filler 0: every row after the context but the
+    filler's first, N - 2D - 1 of N), or, given top_k, the first repeat of each token, the
+    first top_k of them (first_repeats): "attention on a few rows", to set against "on
+    almost every row".
     selection="random" is the control of Section 5: for every example a fresh, uniformly
     random set of exactly top_k rows (default N/4), drawn from torch's generator at each
     forward (in `step`, at the first token, for the whole sequence), so that it matches the
@@ -1861,7 +1832,7 @@ class SelectiveAttention(Mixer):
     causal because the rows do not depend on the tokens at all; a count matched to
     another selection example by example could not be (that count depends on the whole
     example), which is why the count is a setting: N - 2D - 1 matches programmatic
-    selection on MQAR, where that count is the same for every example.
+    selection on MQAR.
     State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic"
     (and the count of rows kept, with a budget), the seq_len drawn rows for "random".
     To copy: this class, Attention (with the forms in ATTENTION_IMPLS), top_k_rows,
@@ -2169,12 +2140,13 @@ def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
     with b the running sum of log α from the chunk's start; across the n chunks the state,
     read as (q_i ⊙ e^{b_i}) S and carried as S ← e^{b_C} ⊙ S + Σ_j (k_j ⊙ e^{b_C - b_j})ᵀ v_j.
     Every exponent is <= 0 (a decay), so nothing overflows however strong the gates are:
-    the inner products carry the per-channel decay between i and j as a (C, C, dk) table
+    the inner products carry the per-channel decay between i and j as a (dk, C, C) table
     instead of dividing by e^{b_j} (which a strong gate sends past float range); above the
     diagonal the table is clamped to 1 and the scores masked. What each chunk writes, and
     what each reads from the state entering it, are batched matrix products over all
     chunks; only the n-step carry of the state is a Python loop.
-    Costs B·H·T·C·dk for the table.
+    Costs B·H·T·C·dk for the table, which is most of this form's time: channel-major, so
+    that its element-wise passes run over rows of C, and built in place.
     """
     C = min(chunk_size, q.shape[2])
     (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
@@ -2184,8 +2156,9 @@ def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
     q, k, log_alpha = (t.view(B, H, n, C, dk) for t in (q, k, log_alpha))
     v = v.view(B, H, n, C, dv)
     b = log_alpha.cumsum(3)                                                  # (B, H, n, C, dk)
-    decay = (b[..., :, None, :] - b[..., None, :, :]).clamp(max=0).exp()   # (B, H, n, C, C, dk)
-    scores = torch.einsum("bhnic,bhnjc,bhnijc->bhnij", q, k, decay).tril()   # (B, H, n, C, C)
+    bc, qc, kc = (t.transpose(-1, -2).contiguous() for t in (b, q, k))     # (B, H, n, dk, C)
+    decay = (bc[..., :, None] - bc[..., None, :]).clamp_(max=0).exp_()     # (B, H, n, dk, C, C)
+    scores = (decay * (qc[..., :, None] * kc[..., None, :])).sum(3).tril()   # (B, H, n, C, C)
     o = scores @ v                                                           # within chunks
     read, write = q * b.exp(), k * (b[..., -1:, :] - b).exp()
     written = write.transpose(-1, -2) @ v                                    # (B, H, n, dk, dv)
@@ -2194,7 +2167,7 @@ def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
     entering = []
     for c in range(n):
         entering.append(S)
-        S = carry[:, :, c] * S + written[:, :, c]
+        S = torch.addcmul(written[:, :, c], carry[:, :, c], S)
     o = o + read @ torch.stack(entering, 2)                                  # from past chunks
     return o.reshape(B, H, Tp, dv)[:, :, :T], S
 
@@ -2266,10 +2239,8 @@ class GLA(Mixer):
         return self._output(o, x)[:, 0], (S,)
 
     def state_size(self, t):
-        if t == 0:
-            return 0
         H = self.num_heads
-        return H * (self.q_proj.out_features // H) * (self.v_proj.out_features // H)
+        return H * (self.q_proj.out_features // H) * (self.v_proj.out_features // H) if t else 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -2372,7 +2343,6 @@ class Mamba2(Mixer):
 
     def _mix(self, u, state, scan):
         """u (B, T, d) after `state` (None, or (h, the conv's past inputs)): (y, new state)."""
-        B, T, _ = u.shape
         d_inner = self.out_proj.in_features
         z, xBC, dt = self.in_proj(u).split([d_inner, d_inner + 2 * self.d_state,
                                             self.skip.shape[0]], dim=-1)
@@ -2393,11 +2363,9 @@ class Mamba2(Mixer):
         return y[:, 0], state
 
     def state_size(self, t):
-        if t == 0:
-            return 0
         d_inner = self.out_proj.in_features
         conv = min(t, self.conv_weight.shape[1] - 1) * self.conv_weight.shape[0]
-        return d_inner * self.d_state + conv
+        return d_inner * self.d_state + conv if t else 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -2448,25 +2416,28 @@ def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=64)
     n, dv = Tp // C, v.shape[-1]
     q, k = q.view(B, H, n, C, dk), k.view(B, H, n, C, dk)
     v, beta = v.view(B, H, n, C, dv), beta.view(B, H, n, C, 1)
-    if log_alpha is None:
-        gamma = q.new_zeros(B, H, n, C)
+    L, P = k @ k.transpose(-1, -2), q @ k.transpose(-1, -2)                 # (B, H, n, C, C)
+    if log_alpha is None:                                  # no gate: every decay is 1
+        gated_q, gated_k, write = q, k, k.transpose(-1, -2)
     else:
         gamma = _pad_to_chunks(log_alpha, C, 2)[0].view(B, H, n, C).cumsum(-1)
-    decay = (gamma[..., :, None] - gamma[..., None, :]).clamp(max=0).exp()  # e^{γ_i - γ_m}
-    L = (decay * (k @ k.transpose(-1, -2))).tril(-1)                         # (B, H, n, C, C)
-    system = torch.eye(C, dtype=q.dtype, device=q.device) + beta * L
-    U0, W = torch.linalg.solve_triangular(
-        system, beta * torch.cat([v, gamma.exp()[..., None] * k], -1), upper=False,
-        unitriangular=True).split([dv, dk], -1)
-    P = (decay * (q @ k.transpose(-1, -2))).tril()                           # (B, H, n, C, C)
-    O0, read = P @ U0, gamma.exp()[..., None] * q - P @ W
-    write = (k * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2)
-    carry = gamma[..., -1, None, None].exp()                                 # (B, H, n, 1, 1)
+        decay = (gamma[..., :, None] - gamma[..., None, :]).clamp_(max=0).exp_()  # e^{γ_i - γ_m}
+        L, P = decay * L, decay * P
+        gated_q, gated_k = gamma.exp()[..., None] * q, gamma.exp()[..., None] * k
+        write = (k * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2)
+        carry = gamma[..., -1, None, None].exp()                             # (B, H, n, 1, 1)
+    # I + diag(β) L: a unit lower-triangular solve reads only below the diagonal, so L's
+    # diagonal and upper half stay as they are
+    U0, W = torch.linalg.solve_triangular(beta * L, beta * torch.cat([v, gated_k], -1),
+                                          upper=False, unitriangular=True).split([dv, dk], -1)
+    P = P.masked_fill_(~torch.ones(C, C, dtype=torch.bool, device=q.device).tril(), 0)
+    O0, read = P @ U0, gated_q - P @ W
     S = q.new_zeros(B, H, dk, dv) if state is None else state
     entering = []
     for c in range(n):
         entering.append(S)
-        S = carry[:, :, c] * S + write[:, :, c] @ (U0[:, :, c] - W[:, :, c] @ S)
+        update = write[:, :, c] @ (U0[:, :, c] - W[:, :, c] @ S)
+        S = S + update if log_alpha is None else torch.addcmul(update, carry[:, :, c], S)
     out = O0 + read @ torch.stack(entering, 2)
     return out.reshape(B, H, Tp, dv)[:, :, :T], S
 
@@ -2532,10 +2503,8 @@ class DeltaNet(Mixer):
         return y[:, 0], state
 
     def state_size(self, t):
-        if t == 0:
-            return 0
         d = self.out_proj.in_features
-        return d * d // self.num_heads + min(t, self.conv_weight.shape[1] - 1) * 3 * d
+        return d * d // self.num_heads + min(t, self.conv_weight.shape[1] - 1) * 3 * d if t else 0
 
 
 class GatedDeltaNet(DeltaNet):
@@ -2746,10 +2715,8 @@ class RWKV7(Mixer):
         return y[:, 0], (S, x_t)
 
     def state_size(self, t):
-        if t == 0:
-            return 0
         d = self.out_proj.in_features
-        return d * d // self.num_heads + d
+        return d * d // self.num_heads + d if t else 0
 
 
 # ----------------------------------------------------------------------------------------
