@@ -2135,7 +2135,7 @@ def gla_recurrent(q, k, v, log_alpha, state=None, chunk_size=None):
     return torch.stack(out, 2), S                                            # (B, H, T, dv)
 
 
-def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=16):
+def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=8):
     """The chunked form: inside a chunk of C, o_i = Σ_{j<=i} (Σ_c q_ic k_jc e^{b_ic - b_jc}) v_j
     with b the running sum of log α from the chunk's start; across the n chunks the state,
     read as (q_i ⊙ e^{b_i}) S and carried as S ← e^{b_C} ⊙ S + Σ_j (k_j ⊙ e^{b_C - b_j})ᵀ v_j.
@@ -2191,7 +2191,7 @@ class GLA(Mixer):
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, expand_k=0.5, expand_v=1.0,
-                 gate_rank=16, gate_normalizer=16.0, impl="fast", chunk_size=16):
+                 gate_rank=16, gate_normalizer=16.0, impl="fast", chunk_size=8):
         super().__init__()
         key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
         for name, value in (("num_heads", num_heads), ("gate_rank", gate_rank),
@@ -2396,7 +2396,7 @@ def delta_rule_recurrent(q, k, v, beta, log_alpha=None, state=None, chunk_size=N
     return torch.stack(out, 2), S                                            # (B, H, T, dv)
 
 
-def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=64):
+def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=16):
     """The chunkwise form (the WY representation of Yang et al., 2024, with the gate of
     Yang et al., 2025). In a chunk of C, with γ the running sum of log α from its start and
     S_0 the state entering it, the corrections solve a unit lower-triangular system,
@@ -2458,7 +2458,7 @@ class DeltaNet(Mixer):
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
-                 chunk_size=64):
+                 chunk_size=16):
         super().__init__()
         check_divides("num_heads", num_heads, d_model)
         check_positive("conv_size", conv_size)
@@ -2517,7 +2517,7 @@ class GatedDeltaNet(DeltaNet):
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
-                 chunk_size=64):
+                 chunk_size=16):
         super().__init__(d_model, seq_len, num_heads, conv_size, impl, chunk_size)
         self.a_proj = nn.Linear(d_model, num_heads, bias=False)
         self.g_proj = nn.Linear(d_model, d_model, bias=False)
@@ -2649,9 +2649,6 @@ class RWKV7(Mixer):
 
     keeps_own_init = True
 
-    # chunk_size 8: its (C, C, dk) tables grow with C, and on one CPU thread a forward and
-    # backward at (B, T, d) = (128, 64, 64) took 0.55 s with chunks of 8 against 1.7 s with 16
-    # (0.28 s and 0.29 s at (2, 1024, 64))
     def __init__(self, d_model, seq_len, num_heads=None, head_dim=64, impl="fast",
                  chunk_size=8):
         super().__init__()

@@ -557,7 +557,7 @@ def test_mixer_fast_equals_reference(name, kw, monkeypatch):
 @pytest.mark.parametrize("name", ["retnet", "rwkv", "based", "mamba", "gla", "mamba2",
                                   "deltanet", "gated_deltanet", "rwkv7"])
 def test_default_chunks_are_crossed_and_fast_equals_reference(name):
-    """The DEFAULT options (chunks of 16 to 64) on T = 150: three chunks or more, so that a
+    """The DEFAULT options (chunks of 8 to 64) on T = 150: three chunks or more, so that a
     state is carried over two chunk boundaries (at T = 24, CASES never crosses a default
     chunk of 32 or 64)."""
     fast = make_mixer(name, d=8, T=150, impl="fast")
