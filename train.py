@@ -1695,7 +1695,8 @@ def save_figure(fig, path):
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
-    crosses; results/<name>_state.png: accuracy against recurrent state size;
+    crosses; results/<name>_state.png: accuracy against recurrent state size, the same
+    panels, one line per model;
     results/<name>_curves.png: the first seed's learning curves. Returns (the cells' rows,
     the paths written)."""
     plt = pyplot()
@@ -1757,17 +1758,29 @@ def plot_sweep(name):
     if not single:
         axes[0][-1].legend(fontsize=7, loc="lower right")
     save_figure(fig, f"results/{name}.png")
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for row in rows:
-        config = Config(**next(r["config"] for r in records if all(
-            r["config"][k] == row[k] for k in CELL_KEYS)))
-        ax.scatter(state_size(config), row["test_acc"], color=colors[row["label"]], s=12)
-    for label in labels:
-        ax.scatter([], [], color=colors[label], label=label)
-    ax.set_xscale("symlog", linthresh=1)            # a state of 0 (blocked attention at t = N)
-    ax.set(xlabel="recurrent state size (numbers per example, all layers)",
-           ylabel="test accuracy", ylim=(0, 1.02))
-    ax.legend(fontsize=7)
+    # the same panels, against the state each model carries: one line per model through its
+    # widths (Figure 2's right-hand picture)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5, 4 * len(panels)), 3.8),
+                             squeeze=False, sharey=True)
+    config_of = lambda row: Config(**next(r["config"] for r in records if all(
+        r["config"][k] == row[k] for k in CELL_KEYS)))
+    for ax, panel in zip(axes[0], panels):
+        for label in labels:
+            points = sorted((state_size(config_of(r)), r["test_acc"]) for r in rows
+                            if r["label"] == label and tuple(r[k] for k in panel_keys) == panel)
+            if points:
+                ax.plot(*zip(*points), marker="o", ms=3, color=colors[label])
+        ax.set_xscale("symlog", linthresh=1)        # a state of 0 (blocked attention at t = N)
+        ax.set_xlabel("recurrent state, numbers per example (all layers)", fontsize=8)
+        ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
+                     fontsize=9)
+    for label in labels:                                        # one legend for every panel
+        axes[0][-1].plot([], [], marker="o", ms=3, color=colors[label], label=label)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
+    fig.suptitle(f"{name}: accuracy against recurrent state size ({SYMBOLS[x_key]} along each "
+                 f"line)\nc = {', '.join(map(str, vocab))}, at most "
+                 f"{', '.join(f'{s:,}' for s in steps)} steps", fontsize=9)
     save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
