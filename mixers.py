@@ -2568,8 +2568,9 @@ def dplr_chunked(r, k, v, log_w, alpha, beta, state=None, chunk_size=8):
     A_αx[j, m] = Σ_c α_jc x_mc e^{γ_{j-1,c} - γ_mc} (m < j), so Z = Z_0 + W S_0; then
         O = A_rβ Z + A_rk V + (r ⊙ e^γ) S_0,   A_rx[i, m] = Σ_c r_ic x_mc e^{γ_ic - γ_mc} (m <= i),
         S_C = e^{γ_C} ⊙ S_0 + Σ_m e^{γ_C - γ_m} ⊙ (β_m z_mᵀ + k_m v_mᵀ).
-    The pairwise decays are (C, C, dk) tables (a per-channel decay has no rank-1 form that
-    is stable, as GLA's); every exponent is <= 0. Only the state runs chunk by chunk.
+    The pairwise decays are (dk, C, C) tables, one for the rows of A_α· and one for A_r·
+    (a per-channel decay has no rank-1 form that is stable, as GLA's); every exponent is
+    <= 0. Only the state runs chunk by chunk.
     """
     C = min(chunk_size, r.shape[2])
     (r, T), (k, _), (v, _), (alpha, _), (beta, _) = (_pad_to_chunks(t, C, 2)
@@ -2581,29 +2582,31 @@ def dplr_chunked(r, k, v, log_w, alpha, beta, state=None, chunk_size=8):
     v = v.view(B, H, n, C, dv)
     gamma = log_w.cumsum(3)                                                  # γ_i, inclusive
     before = gamma - log_w                                                   # γ_{j-1}
-    strict = torch.ones(C, C, dtype=torch.bool, device=r.device).tril(-1)[..., None]
-    upto = torch.ones(C, C, dtype=torch.bool, device=r.device).tril()[..., None]
+    # channel-major (B, H, n, dk, C): the tables' element-wise passes run over rows of C
+    rc, kc, ac, bc, gc, pc = (t.transpose(-1, -2).contiguous()
+                              for t in (r, k, alpha, beta, gamma, before))
+    ones = torch.ones(C, C, dtype=torch.bool, device=r.device)
 
-    def pairs(x, gx, y, mask):        # A[i, m] = Σ_c x_ic y_mc e^{gx_ic - γ_mc} on the mask
-        decay = torch.where(mask, gx[..., :, None, :] - gamma[..., None, :, :], -math.inf).exp()
-        return torch.einsum("bhnic,bhnmc,bhnimc->bhnim", x, y, decay)
+    def pairs(xc, gx, mask):          # A_y[i, m] = Σ_c x_ic y_mc e^{gx_ic - γ_mc} on the mask
+        table = torch.where(mask, gx[..., :, None] - gc[..., None, :], -math.inf).exp_()
+        table = table * xc[..., :, None]                                # (B, H, n, dk, C, C)
+        return [(table * yc[..., None, :]).sum(3) for yc in (bc, kc)]        # y = β, k
 
-    A_ab, A_ak = pairs(alpha, before, beta, strict), pairs(alpha, before, k, strict)
-    A_rb, A_rk = pairs(r, gamma, beta, upto), pairs(r, gamma, k, upto)
-    system = torch.eye(C, dtype=r.dtype, device=r.device) - A_ab
-    solve = lambda rhs: torch.linalg.solve_triangular(system, rhs, upper=False,
+    (A_ab, A_ak), (A_rb, A_rk) = pairs(ac, pc, ones.tril(-1)), pairs(rc, gc, ones.tril())
+    # I - A_αβ: a unit lower-triangular solve reads only below the diagonal
+    solve = lambda rhs: torch.linalg.solve_triangular(-A_ab, rhs, upper=False,
                                                       unitriangular=True)
     Z0, W = solve(A_ak @ v), solve(alpha * before.exp())                    # Z = Z0 + W S_0
     O0, read = A_rb @ Z0 + A_rk @ v, r * gamma.exp() + A_rb @ W
     fade = (gamma[..., -1:, :] - gamma).exp()                                # e^{γ_C - γ_m}
+    carry = gamma[..., -1, :, None].exp()                                    # (B, H, n, dk, 1)
+    faded_beta, written = (fade * beta).transpose(-1, -2), (fade * k).transpose(-1, -2) @ v
     S = r.new_zeros(B, H, dk, dv) if state is None else state
     out = []
     for c in range(n):
         out.append(O0[:, :, c] + read[:, :, c] @ S)
         Z = Z0[:, :, c] + W[:, :, c] @ S
-        S = (gamma[:, :, c, -1, :, None].exp() * S
-             + (fade[:, :, c] * beta[:, :, c]).transpose(-1, -2) @ Z
-             + (fade[:, :, c] * k[:, :, c]).transpose(-1, -2) @ v[:, :, c])
+        S = torch.addcmul(written[:, :, c] + faded_beta[:, :, c] @ Z, carry[:, :, c], S)
     return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
 
 
