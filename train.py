@@ -1756,7 +1756,7 @@ def plot_sweep(name):
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
     if not single:
-        axes[0][-1].legend(fontsize=7, loc="lower right")
+        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     save_figure(fig, f"results/{name}.png")
     # the same panels, against the state each model carries: one line per model through its
     # widths (Figure 2's right-hand picture)
