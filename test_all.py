@@ -223,18 +223,12 @@ def test_mqar_is_seeded_and_neither_reads_nor_changes_global_rng():
 
 
 @pytest.mark.parametrize("kwargs,name", [
-    (dict(seq_len=63), "seq_len"),
-    (dict(seq_len=64, vocab_size=64), "vocab_size"),
-    (dict(seq_len=64, num_kv_pairs=17), "num_kv_pairs"),
-    (dict(num_kv_pairs=0), "num_kv_pairs"),
-    (dict(num_examples=-1), "num_examples"),
-    (dict(num_examples=2.5), "num_examples"),
-    (dict(power_a=0), "power_a"),
-    (dict(power_a=-1.0), "power_a"),
-    (dict(power_a=float("inf")), "power_a"),
-    (dict(seed=-3), "seed"),
-    (dict(random_non_queries="yes"), "random_non_queries"),
-])
+    (dict(seq_len=63), "seq_len"), (dict(seq_len=64, vocab_size=64), "vocab_size"),
+    (dict(seq_len=64, num_kv_pairs=17), "num_kv_pairs"), (dict(num_kv_pairs=0), "num_kv_pairs"),
+    (dict(num_examples=-1), "num_examples"), (dict(num_examples=2.5), "num_examples"),
+    (dict(power_a=0), "power_a"), (dict(power_a=-1.0), "power_a"),
+    (dict(power_a=float("inf")), "power_a"), (dict(seed=-3), "seed"),
+    (dict(random_non_queries="yes"), "random_non_queries")])
 def test_mqar_rejects_bad_arguments(kwargs, name):
     args = dict(num_examples=4) | kwargs
     with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
@@ -914,8 +908,7 @@ def test_implicit_filter_decays_as_documented():
     assert torch.allclose(decay[:, 0], torch.ones(4, dtype=F64))
     assert decay[-1, 30].item() == pytest.approx(1e-2, rel=1e-9)     # fastest: 1% at t=0.3
     assert decay[0, 100].item() == pytest.approx(1e-2 ** (1 / 1.5), rel=1e-9)
-    h = mixers.ImplicitFilter(8, 50).double()()
-    assert h.shape == (8, 50)
+    assert mixers.ImplicitFilter(8, 50).double()().shape == (8, 50)
 
 
 # ----------------------------------------------------------------------------------------
@@ -952,14 +945,15 @@ def conv1d_as_official(m, u, h, bias):
     return conv(u.transpose(1, 2))[..., :u.shape[1]].transpose(1, 2)
 
 
-def fft_conv_as_official(u, k):
+def fft_conv_as_official(u, k, skip=1):
     """zoology/mixers/convolution.py's fft_conv on u (B, T, d), k (d, T), transcribed:
-    rfft of k over 2T divided by 2T, irfft with norm="forward", then + u."""
+    rfft of k over 2T divided by 2T, irfft with norm="forward", then + u (+ skip·u: Hyena's
+    fftconv_ref with skip = its bias (d, 1))."""
     T = u.shape[1]
     x = u.transpose(1, 2)
     k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
     y = torch.fft.irfft(torch.fft.rfft(x, n=2 * T) * k_f, n=2 * T, norm="forward")[..., :T]
-    return (y + x).transpose(1, 2)
+    return (y + skip * x).transpose(1, 2)
 
 
 def test_base_conv_official_short_form_is_the_official_layer():
@@ -1064,11 +1058,7 @@ def test_hyena_official_form_is_the_official_operator():
     uc = conv1d_as_official(m, m.in_proj(u), m.short_filter.h, m.short_bias)
     x1, x2, v = uc.split(d, dim=-1)
     v = v * x1
-    k = m.long_filter()                                                      # (d, T)
-    x = v.transpose(1, 2)
-    k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
-    y = torch.fft.irfft(torch.fft.rfft(x, n=2 * T) * k_f, n=2 * T, norm="forward")[..., :T]
-    y = (y + x * m.bias[:, None]).transpose(1, 2) * x2
+    y = fft_conv_as_official(v, m.long_filter(), m.bias[:, None]) * x2
     assert torch.allclose(m(u), m.out_proj(y), atol=1e-12)
     with pytest.raises(ValueError, match="order=3 is not allowed with form='official'"):
         mixers.build_mixer("hyena", d, T, form="official", order=3)
@@ -1079,7 +1069,6 @@ def test_hyena_official_form_is_the_official_operator():
 
 @pytest.mark.parametrize("discretization", mixers.SSM_DISCRETIZATIONS)
 def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response(discretization):
-    torch.manual_seed(0)
     m = make_mixer("h3", d_state=8)
     log_dt, A, C, _ = m._ssm()
     T = 40
@@ -1204,8 +1193,7 @@ def test_h3_state_does_not_grow():
     ("long_conv", dict(filter="relu"), "filter='relu'"),
     ("base_conv", dict(form="theory"), "form='theory'"),
     ("hyena", dict(form="zoology"), "form='zoology'"),
-    ("h3", dict(form="s4"), "form='s4'"),
-    ("rwkv", dict(form="v5"), "form='v5'"),
+    ("h3", dict(form="s4"), "form='s4'"), ("rwkv", dict(form="v5"), "form='v5'"),
     ("selective_attention", dict(form="softmax"), "form='softmax'"),
     ("selective_attention", dict(aux_weight=-1.0), "aux_weight=-1.0"),
     ("base_conv", dict(kernel_size=-1), "kernel_size=-1.*or None"),
@@ -1217,10 +1205,8 @@ def test_h3_state_does_not_grow():
     ("h3", dict(d_state=5), "d_state=5.*even"),
     ("h3", dict(head_dim=3), "head_dim=3.*divides d_model=16"),
     ("h3", dict(shift_size=0), "shift_size=0"),
-    ("rwkv", dict(impl="cuda"), "impl='cuda'"),
-    ("rwkv", dict(chunk_size=0), "chunk_size=0"),
-    ("retnet", dict(num_heads=3), "num_heads=3"),
-    ("based", dict(feature_dim=0), "feature_dim=0"),
+    ("rwkv", dict(impl="cuda"), "impl='cuda'"), ("rwkv", dict(chunk_size=0), "chunk_size=0"),
+    ("retnet", dict(num_heads=3), "num_heads=3"), ("based", dict(feature_dim=0), "feature_dim=0"),
     ("mamba", dict(d_state=0), "d_state=0"), ("h3", dict(d_state=3), "d_state=3"),
     ("selective_attention", dict(selection="oracle"), "selection='oracle'"),
     ("selective_attention", dict(inference="sample"), "inference='sample'"),
@@ -1838,7 +1824,6 @@ def test_programmatic_selection_is_a_loop_over_earlier_tokens():
 
 
 def test_programmatic_mixer_zeroes_unselected_rows_and_steps_with_tokens():
-    torch.manual_seed(0)
     m = make_mixer("selective_attention", selection="programmatic").eval()
     x = torch.randn(2, 24, 16, dtype=F64)
     tokens = torch.randint(0, 6, (2, 24))
@@ -2013,7 +1998,6 @@ def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
     later[0, 3] = 0.95
     assert torch.equal(mixers.top_k_rows(scores, 2), torch.tensor([[True, False, True, False]]))
     assert torch.equal(mixers.top_k_rows(later, 2), torch.tensor([[True, False, False, True]]))
-    torch.manual_seed(0)
     m = make_mixer("selective_attention", top_k=6, inference="topk").eval()
     with torch.no_grad():
         m.gate.normal_()
@@ -2071,22 +2055,14 @@ def model_steps(model, x):
 def test_parse_overrides_types_and_errors():
     c = train.parse_overrides(["--lr=1e-3", "--n_layers=3", "--mlp=true", "--mixer=attention"])
     assert (c.lr, c.n_layers, c.mlp) == (1e-3, 3, True)
-    with pytest.raises(ValueError, match="unknown key --learning_rate"):
-        train.parse_overrides(["--learning_rate=1e-3"])
-    with pytest.raises(ValueError, match="did you mean --lr"):
-        train.parse_overrides(["--lrr=1e-3"])
-    with pytest.raises(ValueError, match=r"--n_layers='two'.*an integer"):
-        train.parse_overrides(["--n_layers=two"])
-    with pytest.raises(ValueError, match=r"--mlp='maybe'"):
-        train.parse_overrides(["--mlp=maybe"])
-    with pytest.raises(ValueError, match="mixer='transformer'"):
-        train.parse_overrides(["--mixer=transformer"])
-    with pytest.raises(ValueError, match="seq_len=63"):
-        train.parse_overrides(["--seq_len=63"])
-    with pytest.raises(ValueError, match="^seed=-1 "):
-        train.parse_overrides(["--seed=-1"])
-    with pytest.raises(ValueError, match="--key=value"):
-        train.parse_overrides(["lr=3"])
+    for arg, match in [("--learning_rate=1e-3", "unknown key --learning_rate"),
+                       ("--lrr=1e-3", "did you mean --lr"),
+                       ("--n_layers=two", r"--n_layers='two'.*an integer"),
+                       ("--mlp=maybe", r"--mlp='maybe'"), ("--seq_len=63", "seq_len=63"),
+                       ("--mixer=transformer", "mixer='transformer'"),
+                       ("--seed=-1", "^seed=-1 "), ("lr=3", "--key=value")]:
+        with pytest.raises(ValueError, match=match):
+            train.parse_overrides([arg])
 
 
 def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
@@ -2097,12 +2073,11 @@ def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
     assert isinstance(model.blocks[0].mixer, mixers.ShortConv)
     assert model.blocks[1].mixer.window == 4 and model.pos is None
     assert train.LanguageModel(small_config(mixer="sliding_window")).pos is not None
-    with pytest.raises(ValueError, match="lists 3 layers but n_layers=2"):
-        train.parse_layers("hyena,h3,hyena", 2)
-    with pytest.raises(ValueError, match="'hyna' is not one of"):
-        train.parse_layers("hyna", 2)
-    with pytest.raises(ValueError, match="option 'kernel=3' of base_conv"):
-        train.parse_layers("base_conv:kernel=3", 2)
+    for setting, match in [("hyena,h3,hyena", "lists 3 layers but n_layers=2"),
+                           ("hyna", "'hyna' is not one of"),
+                           ("base_conv:kernel=3", "option 'kernel=3' of base_conv")]:
+        with pytest.raises(ValueError, match=match):
+            train.parse_layers(setting, 2)
     # an option's value is checked where the mixer is built, once: with the model, before
     # a run trains or writes anything
     with pytest.raises(ValueError, match="window=0 is not allowed"):
@@ -2432,8 +2407,7 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--sweep=main", "--workers=0"], "--workers=0 is not allowed"),
     (["--hf=gpt2", "--samples=0"], "--samples=0 is not allowed"),
     (["--task=lm", "--samples=-3"], "--samples=-3 is not allowed"),
-    (["--seeds=two"], "--seeds='two' is not allowed"),
-    (["--seeds=0"], "--seeds=0 is not allowed"),
+    (["--seeds=two"], "--seeds='two' is not allowed"), (["--seeds=0"], "--seeds=0 is not allowed"),
     (["--dry_run"], "--dry_run and --scale are not allowed without --sweep"),
     (["--scale=paper", "--mixer=h3"], "--dry_run and --scale are not allowed without --sweep"),
     (["--task=lm", "--ar_threshold=-1"], "--ar_threshold=-1 is not allowed"),
@@ -2587,9 +2561,7 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
 def test_reachable_is_where_a_models_output_depends_on_the_key(mixer):
     """The bound of `reachable` is exact for the model: the final hidden state at q has a
     nonzero gradient with respect to the embedding at k < q iff reachable(q, k)."""
-    c = small_config(mixer=mixer, seq_len=16, d_model=16, n_layers=2)
-    torch.manual_seed(0)
-    model = train.LanguageModel(c).double()
+    c, model, _, _ = small_model(1, double=True, mixer=mixer, seq_len=16, d_model=16, n_layers=2)
     embedded = []
     model.embed.register_forward_hook(
         lambda m, i, out: embedded.append(out.detach().requires_grad_()) or embedded[-1])
@@ -2821,8 +2793,7 @@ def test_learned_selection_adds_its_aux_loss(tmp_path):
     sel = model.blocks[1].mixer
     assert torch.equal(model.aux_loss(), sel.aux_loss) and sel.aux_loss.item() > 0
     runs = [train.train(small_config(mixer=f"base_conv,selective_attention:top_k=1:aux_weight={w}",
-                                     out_dir=str(tmp_path)))
-            for w in (0.0, 1.0)]
+                                     out_dir=str(tmp_path))) for w in (0.0, 1.0)]
     assert all(r["ended"] == "max_steps" for r in runs)
     assert runs[0]["history"][0]["loss"] != runs[1]["history"][0]["loss"], "aux loss is added"
 
@@ -2880,8 +2851,7 @@ def test_official_blocks_are_the_official_transcription(block, mixer):
     """identity_mlp is TransformerBlock with the identity as state mixer: r + mixer(LN1(r)),
     then r + LN2(r); rms_pre_norm is MambaBlock: r + mixer(RMSNorm(r)). Also checks that
     the model's own step agrees."""
-    c, model, x, _ = small_model(3, data_seed=2, double=True, eval=True, mixer=mixer,
-                                 block=block)
+    _, model, x, _ = small_model(3, data_seed=2, double=True, eval=True, mixer=mixer, block=block)
     if block == "rms_pre_norm":
         assert isinstance(model.blocks[0].norm1, torch.nn.RMSNorm)
         with torch.no_grad():
@@ -2890,9 +2860,8 @@ def test_official_blocks_are_the_official_transcription(block, mixer):
         want = official_backbone(model, x, block)
         assert torch.allclose(model(x), want, atol=1e-12)
         if block == "identity_mlp":              # not the plain pre-norm block
-            plain = dataclasses.replace(c, block="pre_norm")
-            torch.manual_seed(0)
-            assert not torch.allclose(train.LanguageModel(plain).double().eval()(x), want)
+            plain = small_model(1, double=True, eval=True, mixer=mixer, block="pre_norm")[1]
+            assert not torch.allclose(plain(x), want)
     assert torch.allclose(model_steps(model, x), want, atol=1e-10)
     with pytest.raises(ValueError, match="mlp=True is not allowed with block='identity_mlp'"):
         train.check_config(small_config(block="identity_mlp", mlp=True))
@@ -2973,9 +2942,7 @@ def test_a_model_has_one_colour_in_every_figure():
 
 
 def test_normal_init_leaves_mixers_that_keep_their_own():
-    c = small_config(mixer="mamba,hyena")
-    torch.manual_seed(0)
-    model = train.LanguageModel(c)
+    c, model, _, _ = small_model(1, mixer="mamba,hyena")
     before = weights_of(model)
     torch.manual_seed(1)
     train.init_weights(model, "normal", c.n_layers)
@@ -2993,17 +2960,14 @@ def test_gpt2_init_is_the_official_init_weights():
     out_proj of attention, Hyena and the MLP N(0, 0.02/√(2L)); not H3's, RWKV's, Based's."""
     L = 2
     std = lambda t: t.std().item()
-    torch.manual_seed(0)
-    m = train.LanguageModel(small_config(mixer="hyena:form=official,h3", init="gpt2", d_model=64))
+    m = small_model(1, mixer="hyena:form=official,h3", init="gpt2", d_model=64)[1]
     hyena, h3 = m.blocks[0].mixer, m.blocks[1].mixer
     assert std(hyena.out_proj.weight) == pytest.approx(0.02 / math.sqrt(2 * L), rel=0.1)
     assert std(h3.out_proj.weight) == pytest.approx(0.02, rel=0.1)
     for layer in hyena.long_filter.layers:
         assert std(layer.weight) == pytest.approx(0.02, rel=0.2) and layer.bias.abs().max() == 0
     assert std(hyena.bias) > 0.5, "not a Linear: keeps its N(0, 1)"
-    torch.manual_seed(0)
-    m = train.LanguageModel(small_config(mixer="rwkv,based", init="gpt2", d_model=64,
-                                         block="pre_norm", mlp=True))
+    m = small_model(1, mixer="rwkv,based", init="gpt2", d_model=64, block="pre_norm", mlp=True)[1]
     for b in m.blocks:
         assert std(b.mixer.out_proj.weight) == pytest.approx(0.02, rel=0.1)
         assert std(b.mlp.out_proj.weight) == pytest.approx(0.02 / math.sqrt(2 * L), rel=0.1)
@@ -3012,9 +2976,7 @@ def test_gpt2_init_is_the_official_init_weights():
 def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
     """_init_weights with block_type MambaBlock: Embedding N(0, 0.02), Linear biases 0,
     out_proj PyTorch's draw divided by √L; Mamba's own weights untouched."""
-    c = small_config(mixer="mamba", block="rms_pre_norm", init="gpt2", d_model=64)
-    torch.manual_seed(0)
-    m = train.LanguageModel(c)
+    c, m, _, _ = small_model(1, mixer="mamba", block="rms_pre_norm", init="gpt2", d_model=64)
     out = m.blocks[0].mixer.out_proj.weight
     bound = 1 / math.sqrt(out.shape[1]) / math.sqrt(c.n_layers)
     assert out.abs().max() <= bound and out.abs().max() > 0.9 * bound
@@ -3145,8 +3107,8 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
     evaluate = train.evaluate
     monkeypatch.setattr(train, "evaluate", lambda m, x, y, **kw: sizes.append(len(x)) or
                         evaluate(m, x, y, **kw))
-    r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
-                                 out_dir=str(tmp_path)))
+    c = small_config(eval_probe=16, eval_every=4, max_steps=12, out_dir=str(tmp_path))
+    r = train.train(c)
     assert sizes == [16, 16, 16, 16, 48, 64] and r["ended"] == "max_steps", "whole at the end"
     assert [sorted(h) for h in r["history"]] == [
         ["loss", "seconds", "step", "test_probe", "valid_probe"]] * 2 + [
@@ -3155,8 +3117,7 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
                                                r["history"][-1]["valid_acc"])
     sizes.clear()                                      # a probe that passes: the whole splits
     monkeypatch.setattr(train, "evaluate", scoring(lambda x: sizes.append(len(x)) or 1.0))
-    r = train.train(small_config(eval_probe=16, eval_every=4, max_steps=12,
-                                 out_dir=str(tmp_path)))
+    r = train.train(c)
     assert r["ended"] == "target_reached" and r["steps"] == 4 and sizes == [16, 48, 64]
 
 
@@ -3539,9 +3500,8 @@ def test_causal_stacks_cannot_move_information_up(seed):
     u = rand(Np, dp, seed=seed)
     v = u.clone()
     v[5:] += 1.0
-    assert torch.allclose(th.baseconv_stack(u, layers)[:5], th.baseconv_stack(v, layers)[:5],
-                          atol=1e-10)
-    assert not torch.allclose(th.baseconv_stack(u, layers)[5:], th.baseconv_stack(v, layers)[5:])
+    yu, yv = th.baseconv_stack(u, layers), th.baseconv_stack(v, layers)
+    assert torch.allclose(yu[:5], yv[:5], atol=1e-10) and not torch.allclose(yu[5:], yv[5:])
 
 
 @pytest.mark.parametrize("n,dp", [(1, 1), (3, 2), (8, 5)])
