@@ -947,8 +947,8 @@ def conv1d_as_official(m, u, h, bias):
 
 def fft_conv_as_official(u, k, skip=1):
     """zoology/mixers/convolution.py's fft_conv on u (B, T, d), k (d, T), transcribed:
-    rfft of k over 2T divided by 2T, irfft with norm="forward", then + u (+ skip·u: Hyena's
-    fftconv_ref with skip = its bias (d, 1))."""
+    rfft of k over 2T divided by 2T, irfft with norm="forward", then + skip·u (skip = 1:
+    fft_conv's + u; skip = its bias (d, 1): Hyena's fftconv_ref)."""
     T = u.shape[1]
     x = u.transpose(1, 2)
     k_f = torch.fft.rfft(k, n=2 * T) / (2 * T)
