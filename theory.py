@@ -872,15 +872,6 @@ def key_query_distances(tokens, labels):
     return out
 
 
-MASKS = ("strict", "causal", "none")
-
-
-def _mask(N, mask):
-    check_choice("mask", mask, MASKS)
-    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
-    return {"strict": j < i, "causal": j <= i, "none": torch.ones(N, N, dtype=torch.bool)}[mask]
-
-
 def attention_plain(q, k, v, mask="strict", beta=None):
     """(Q K^T ⊙ M) V without softmax (beta=None), or softmax(beta Q K^T + log M) V.
 
@@ -888,7 +879,10 @@ def attention_plain(q, k, v, mask="strict", beta=None):
     mask is empty (row 0 under "strict") outputs 0. Materializes (B, N, N).
     """
     N = q.shape[-2]
-    M = _mask(N, mask)
+    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    masks = {"strict": j < i, "causal": j <= i, "none": torch.ones(N, N, dtype=torch.bool)}
+    check_choice("mask", mask, tuple(masks))
+    M = masks[mask]
     scores = torch.einsum("bid,bjd->bij", q, k)                              # (B, N, N)
     if beta is None:
         return torch.einsum("bij,bjd->bid", scores * M, v)
