@@ -1215,12 +1215,10 @@ def compile_circuit(circuit, N, d):
     gates = [[k for k, l in enumerate(lev) if l == level and circuit.nodes[k][0] in "+*"]
              for level in range(Delta + 1)]
     inputs = [k for k, node in enumerate(circuit.nodes) if node[0] in ("var", "const")]
-    widths = [len(inputs), d]
-    for level in range(1, Delta + 1):
-        carried = [k for k in (live[level] if level < Delta else []) if lev[k] < level]
-        times = [g for g in gates[level] if circuit.nodes[g][0] == "*"]
-        widths.append(len(carried) + len(gates[level]) + len(times))
-    dp = max(widths)
+    carried = [[k for k in live[l] if lev[k] < l] for l in range(Delta)] + [[]]   # per level
+    times = [[g for g in gs if circuit.nodes[g][0] == "*"] for gs in gates]
+    widths = [len(k) + len(g) + len(t) for k, g, t in zip(carried, gates, times)]
+    dp = max(len(inputs), d, *widths)
     row0 = _zeros(N, dp)
     row0[0] = 1
     Z = _zeros(dp, dp)
@@ -1241,12 +1239,10 @@ def compile_circuit(circuit, N, d):
               Layer(Z.clone(), row0.clone(), h, _zeros(N, dp), cyclic=True)]
 
     for level in range(1, Delta + 1):
-        carried = [k for k in (live[level] if level < Delta else []) if lev[k] < level]
-        times = [g for g in gates[level] if circuit.nodes[g][0] == "*"]
-        new = {k: c for c, k in enumerate(carried + gates[level])}
-        copy = {g: len(new) + t for t, g in enumerate(times)}
+        new = {k: c for c, k in enumerate(carried[level] + gates[level])}
+        copy = {g: len(new) + t for t, g in enumerate(times[level])}
         W = Z.clone()
-        for k in carried:
+        for k in carried[level]:
             W[col[k], new[k]] = 1.0
         for g in gates[level]:
             op, a, b = circuit.nodes[g]
@@ -1256,9 +1252,9 @@ def compile_circuit(circuit, N, d):
             else:
                 W[col[a], copy[g]] = 1.0
         layers.append(Layer(W, _zeros(N, dp), _zeros(dp, N), row0.clone()))   # A
-        if times:
+        if times[level]:
             W, b1 = Z.clone(), row0.clone()
-            for g in times:
+            for g in times[level]:
                 W[copy[g], new[g]], b1[:, new[g]] = 1.0, 0.0
             layers.append(Layer(W, b1, impulse(N, dp, 0), _zeros(N, dp)))    # B
         col = new
