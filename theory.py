@@ -1025,16 +1025,13 @@ def mqar_input_independent_layers(N, b, distances):
     alpha, beta = 0.5, 0.5
     while True:
         W, b1, h, b2 = Z.clone(), one.clone(), impulse(N, dp, 0), zero.clone()
-        for g in range(G):
-            n = len(active[g])
-            half = (n + 1) // 2
-            for k in range(half):
-                a = active[g][k]
+        for g, act in enumerate(active):
+            half = (len(act) + 1) // 2
+            for a, p in itertools.zip_longest(act[:half], act[half:]):
                 h[a, 0], b2[:, a] = alpha, beta                               # alpha u_a + beta
-                if k + half < n:
-                    p = active[g][k + half]
+                if p is not None:
                     W[p, a], b1[:, a] = alpha, beta                           # alpha u_p + beta
-            active[g] = active[g][:half]
+            active[g] = act[:half]
         layers.append(Layer(W, b1, h, b2))
         alpha, beta = 1.0, 0.0
         if all(len(act) == 1 for act in active):
@@ -1044,8 +1041,7 @@ def mqar_input_independent_layers(N, b, distances):
     W, b1 = Z.clone(), one.clone()
     for g in range(G):
         b1[:, A[g]] = 0.0
-        for j in range(b):
-            W[A[g][0], V[g][j]], b1[:, V[g][j]] = 1.0, 0.0
+        W[A[g][0], V[g]], b1[:, V[g]] = 1.0, 0.0
     layers.append(Layer(W, b1, impulse(N, dp, 0), zero.clone()))
 
     # 5. sum the groups into channels 0..b-1
