@@ -774,14 +774,12 @@ def parallel(a, b):
     L = max(len(a), len(b))
     a = a + [identity(Na, da, a[-1].cyclic)[0]] * (L - len(a))
     b = b + [identity(Nb, db, b[-1].cyclic)[0]] * (L - len(b))
-    out = []
-    for la, lb in zip(a, b):
-        if la.cyclic != lb.cyclic:
-            raise ValueError("layer pairs must agree on cyclic; pad with identity layers "
-                             "built with the other's cyclic flag")
-        out.append(Layer(torch.block_diag(la.W, lb.W), torch.cat([la.b1, lb.b1], 1),
-                         torch.cat([la.h, lb.h]), torch.cat([la.b2, lb.b2], 1), la.cyclic))
-    return out
+    if any(la.cyclic != lb.cyclic for la, lb in zip(a, b)):
+        raise ValueError("layer pairs must agree on cyclic; pad with identity layers "
+                         "built with the other's cyclic flag")
+    return [Layer(torch.block_diag(la.W, lb.W), torch.cat([la.b1, lb.b1], 1),
+                  torch.cat([la.h, lb.h]), torch.cat([la.b2, lb.b2], 1), la.cyclic)
+            for la, lb in zip(a, b)]
 
 
 def remember(layers, d_carry):
@@ -1355,10 +1353,9 @@ def _with_h(layers, i, edit):
 
 def affine(W, b, Np):
     """u -> u W + b in one layer: `projection` with b1 = b on the first len(b) channels."""
-    dp = W.shape[0]
-    b1 = _zeros(Np, dp)
-    b1[:, :b.shape[-1]] = b.detach()
-    return [Layer(W.detach().to(DTYPE), b1, _zeros(dp, Np), _ones(Np, dp))]
+    layers = projection(W.detach(), Np)
+    layers[0].b1[:, :b.shape[-1]] = b.detach()
+    return layers
 
 
 def _blank(Np, dp):
