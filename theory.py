@@ -426,8 +426,7 @@ def random_circuit(num_vars, depth, width, seed, num_consts=2):
 def _prune(circuit):
     """Keep the variables and the ancestors of the output, renumbered in the same order."""
     keep = {len(circuit.nodes) - 1}
-    for k in reversed(range(len(circuit.nodes))):
-        node = circuit.nodes[k]
+    for k, node in reversed(list(enumerate(circuit.nodes))):
         if k in keep and node[0] in ("+", "*"):
             keep.update(node[1:])
     keep.update(k for k, node in enumerate(circuit.nodes) if node[0] == "var")
@@ -496,8 +495,7 @@ def butterfly_factor_dense(twiddle):
     k, m = 2 * half, blocks * 2 * half
     M = twiddle.new_zeros(m, m)
     i = torch.arange(half)
-    for blk in range(blocks):
-        o = blk * k
+    for blk, o in enumerate(range(0, m, k)):
         for q, (r, c) in enumerate(((0, 0), (0, half), (half, 0), (half, half))):
             M[o + r + i, o + c + i] = twiddle[blk, q]
     return M
@@ -992,8 +990,7 @@ def _check_distances(distances, N):
 def mqar_input_independent_layers(N, b, distances):
     """The layers of `mqar_baseconv_input_independent` for sequence length N and b bits."""
     _check_distances(distances, N)
-    G = len(distances)
-    dp = 2 * b * G
+    G, dp = len(distances), 2 * b * len(distances)
     A = [list(range(2 * b * g, 2 * b * g + b)) for g in range(G)]           # channel indices
     V = [list(range(2 * b * g + b, 2 * b * (g + 1))) for g in range(G)]
     zero, one = _zeros(N, dp), _ones(N, dp)
@@ -1516,8 +1513,7 @@ def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
         raise ValueError(f"W_q has d_model={d_model} columns and gamma H={H} heads: H must "
                          "divide d_model")
     hs = d_model // H
-    lags = torch.arange(T, dtype=DTYPE)
-    g = gamma.to(DTYPE)[:, None] ** lags                                       # (H, T)
+    g = gamma.to(DTYPE)[:, None] ** torch.arange(T, dtype=DTYPE)               # (H, T)
     return outer_product_conv_as_baseconv(
         torch.cat([W_q, W_k, W_v], 1), torch.zeros(3 * d_model, dtype=DTYPE),
         torch.ones(d_model, 1, dtype=DTYPE), g.repeat_interleave(hs * hs, 0),
@@ -1887,8 +1883,7 @@ def retnet_recall(contexts, c_k, c_v, d_k=None):
     keys, vals = contexts[..., 0], contexts[..., 1]
     S = retnet_state(one_hot(keys % d_k, d_k), to_bits(vals, b))               # (M, d_k, b)
     y = torch.einsum("qk,mkv->mqv", one_hot(torch.arange(c_k) % d_k, d_k), S)  # (M, c_k, b)
-    pred = from_bits(y)
-    return torch.where(answers(contexts, c_k) >= 0, pred, -1), S
+    return torch.where(answers(contexts, c_k) >= 0, from_bits(y), -1), S
 
 
 def _confuses(contexts, states, c_k):
