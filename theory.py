@@ -106,9 +106,7 @@ def poly_star(u):
 
 def coeff(p, n):
     """coeff: F[X] -> F^n, the coefficients of degree 0..n-1 (H.1); missing ones are 0."""
-    if p.shape[-1] >= n:
-        return p[..., :n].clone()
-    return torch.cat([p, p.new_zeros(*p.shape[:-1], n - p.shape[-1])], dim=-1)
+    return torch.nn.functional.pad(p, (0, n - p.shape[-1]))       # negative (n shorter): crops
 
 
 def poly_eval(p, x):
@@ -462,9 +460,7 @@ def embed(u, Np, dp):
     if Np < N or dp < d:
         raise ValueError(f"inner dimension (Np, dp)=({Np}, {dp}) is not allowed: it must be "
                          f"at least the input's (N, d)=({N}, {d})")
-    out = u.new_zeros(*u.shape[:-2], Np, dp)
-    out[..., :N, :d] = u
-    return out
+    return torch.nn.functional.pad(u, (0, dp - d, 0, Np - N))
 
 
 def read_out(z, N, d):
