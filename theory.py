@@ -218,8 +218,7 @@ def check_convolutions(seed=0, sizes=(7, 64)):
         fft = torch.fft.irfft(torch.fft.rfft(u) * torch.fft.rfft(v), n=n)
         unpadded &= torch.allclose(fft, conv(u, v, True, "direct")) and (
             n == 1 or not torch.allclose(fft, conv(u, v, False, "direct"), atol=1e-3))
-        e0 = torch.zeros(n, dtype=DTYPE)
-        e0[0] = 1
+        e0 = torch.eye(n, dtype=DTYPE)[0]
         for impl in ("direct", "poly", "fft"):
             out = conv(u, e0.expand_as(u), True, impl)
             kept &= torch.allclose(out, u) and (n == 1 or not torch.allclose(out, u.flip(-1)))
@@ -904,8 +903,7 @@ def mqar_attention(tokens, c, softmax=False, mask="strict"):
     B, N = tokens.shape
     beta = 30.0 + math.log(N) if softmax else None
     x, pos = one_hot(tokens, c), torch.eye(N, dtype=DTYPE).expand(B, N, N)
-    S = torch.eye(N, dtype=DTYPE).roll(-1, dims=1)                          # e_i -> e_{i-1}
-    S[0] = 0
+    S = torch.diag(torch.ones(N - 1, dtype=DTYPE), -1)                      # e_i -> e_{i-1}
     prev = attention_plain(pos @ S, pos, x, "strict", beta)                  # (B, N, c)
     out = attention_plain(x, prev, x, mask, beta)                            # (B, N, c)
     return out.argmax(-1), out
@@ -1584,8 +1582,7 @@ def wkv_as_baseconv(w, u, W_v, mix_v, T):
     E, x = slice(0, d_model), slice(d_model, 2 * d_model)
     with torch.no_grad():
         shift = torch.stack([mix_v, 1 - mix_v], 1)                               # (d_model, 2)
-        h = torch.cat([impulse(T, d_model, 0), coeff(shift, T)])
-        layers = convolution(h)
+        layers = convolution(torch.cat([impulse(T, d_model, 0), coeff(shift, T)]))
         W, b1, h, b2 = _blank(T, 2 * d_model)
         W[x, E] = W_v.detach().to(DTYPE)
         h[E, 0] = 1.0
