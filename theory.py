@@ -127,7 +127,8 @@ def poly_mul(a, b):
 
 
 def poly_mod(p, n, modulus):
-    """p(X) mod X^n ("X^n": drop degrees >= n) or mod X^n - 1 ("X^n-1": X^n = 1, fold k -> k mod n)."""
+    """p(X) mod X^n ("X^n": drop degrees >= n) or mod X^n - 1 ("X^n-1": X^n = 1, so degree k
+    folds onto k mod n)."""
     check_choice("modulus", modulus, ("X^n", "X^n-1"))
     if modulus == "X^n":
         return coeff(p, n)
@@ -972,7 +973,6 @@ def mqar_baseconv_input_independent(tokens, c, distances):
 
 
 def _check_distances(distances, N):
-    """Raise a ValueError unless `distances` is a non-empty list of integers in [1, N)."""
     if not distances:
         raise ValueError("distances=[] is not allowed: give at least one distance in [1, N)")
     for s in distances:
@@ -1295,8 +1295,6 @@ def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
 # stack is a polynomial; a function bounded and not constant on some half-line c -> c u_0,
 # c >= 0 (a norm, σ, swish), or unchanged by u -> c u for all c > 0 and not constant (a
 # ratio of two degree-1 terms, as RWKV's wkv), is none, and neither is exp.
-# Glossary of this section: d_model a mixer's width, T its sequence length (= N = N'),
-# H heads, hd H3's head_dim, hs RetNet's head size (see the module's glossary).
 
 def random_mixer(cls, d_model, seq_len, seed, noise=0.1, **options):
     """A mixers.py module in float64 whose every parameter is its init plus N(0, noise^2).
