@@ -988,25 +988,22 @@ def mqar_input_independent_layers(N, b, distances):
     A = [list(range(2 * b * g, 2 * b * g + b)) for g in range(G)]           # channel indices
     V = [list(range(2 * b * g + b, 2 * b * (g + 1))) for g in range(G)]
     zero, one = _zeros(N, dp), _ones(N, dp)
-    Z = _zeros(dp, dp)
+    Z, eye = _zeros(dp, dp), torch.eye(b, dtype=DTYPE)
 
     # 1. affine: y = u W + b1 (h = 0, b2 = 1)
     W, b1, b2 = Z.clone(), zero.clone(), one.clone()
     for g in range(G):
-        for j in range(b):
-            W[j, A[g][j]], b1[:, A[g][j]] = 2.0, -1.0
-            W[j, V[g][j]] = 1.0
-            b2[0, V[g][j]] = 0.0
+        W[:b, A[g]], b1[:, A[g]] = 2 * eye, -1.0
+        W[:b, V[g]], b2[0, V[g]] = eye, 0.0
     layers = [Layer(W, b1, _zeros(dp, N), b2)]
 
     # 2. shift: left = copy of the channel (A) or 1 (V); right = shifted channel
     W, b1, h = Z.clone(), zero.clone(), _zeros(dp, N)
     for g, s in enumerate(distances):
-        for j in range(b):
-            W[A[g][j], A[g][j]] = 1.0
-            h[A[g][j], s] = 1.0
-            b1[:, V[g][j]] = 1.0
-            h[V[g][j], s - 1] = 1.0
+        W[A[g], A[g]] = 1.0                                                 # W[a, a], a in A_s
+        h[A[g], s] = 1.0
+        b1[:, V[g]] = 1.0
+        h[V[g], s - 1] = 1.0
     layers.append(Layer(W, b1, h, zero.clone()))
 
     # 3. product tree over the b factors of each group; the first level maps P -> (1 + P)/2
@@ -1036,8 +1033,7 @@ def mqar_input_independent_layers(N, b, distances):
     # 5. sum the groups into channels 0..b-1
     W = Z.clone()
     for g in range(G):
-        for j in range(b):
-            W[V[g][j], j] = 1.0
+        W[V[g], :b] = eye
     return layers + projection(W, N)
 
 
