@@ -1196,7 +1196,7 @@ def compile_circuit(circuit, N, d):
     gates = [[k for k, l in enumerate(lev) if l == level and circuit.nodes[k][0] in "+*"]
              for level in range(Delta + 1)]
     inputs = [k for k, node in enumerate(circuit.nodes) if node[0] in ("var", "const")]
-    carried = [[k for k in live[l] if lev[k] < l] for l in range(Delta)] + [[]]   # per level
+    carried = [[k for k in live[lv] if lev[k] < lv] for lv in range(Delta)] + [[]]  # per level
     times = [[g for g in gs if circuit.nodes[g][0] == "*"] for gs in gates]
     widths = [len(k) + len(g) + len(t) for k, g, t in zip(carried, gates, times)]
     dp = max(len(inputs), d, *widths)
@@ -1971,12 +1971,13 @@ def main():
     import sys
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     table = Table("statement", "check", "resources vs bound",
                   title="Zoology appendix H, checked on random instances")
     report_rows = report()
     for statement, check, resources in report_rows:
-        table.add_row(statement, str(check), resources)
+        table.add_row(escape(statement), str(check), escape(resources))  # plain text
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     return 0 if all(check.ok for _, check, _ in report_rows) else 1
 
