@@ -445,36 +445,24 @@ def perturb_(module, scale, only=""):
 
 # every mixer with its defaults, and the options that change the code path it takes
 CASES = [(name, {}) for name in MIXERS] + [
-    ("attention", dict(num_heads=4)),
-    ("attention", dict(rotary=True, num_heads=2)),
+    ("attention", dict(num_heads=4)), ("attention", dict(rotary=True, num_heads=2)),
     ("attention", dict(short_conv=3)),
-    ("sliding_window", dict(window=5)),
-    ("sliding_window", dict(window=1)),
+    ("sliding_window", dict(window=5)), ("sliding_window", dict(window=1)),
     ("sliding_window", dict(window=5, num_heads=4)),
-    ("blocked_attention", dict(block_size=5)),
-    ("blocked_attention", dict(block_size=1)),
-    ("short_conv", dict(kernel_size=1)),
-    ("short_conv", dict(kernel_size=30)),
-    ("long_conv", dict(filter="implicit")),
-    ("long_conv", dict(filter="mlp")),
-    ("base_conv", dict(kernel_size=3)),
-    ("base_conv", dict(form="official")),
+    ("blocked_attention", dict(block_size=5)), ("blocked_attention", dict(block_size=1)),
+    ("short_conv", dict(kernel_size=1)), ("short_conv", dict(kernel_size=30)),
+    ("long_conv", dict(filter="implicit")), ("long_conv", dict(filter="mlp")),
+    ("base_conv", dict(kernel_size=3)), ("base_conv", dict(form="official")),
     ("base_conv", dict(form="official", kernel_size=3)),
     ("base_conv", dict(form="official", filter="explicit")),
-    ("hyena", dict(order=1)),
-    ("hyena", dict(order=3, short_kernel_size=4)),
+    ("hyena", dict(order=1)), ("hyena", dict(order=3, short_kernel_size=4)),
     ("hyena", dict(form="official")),
-    ("h3", dict(head_dim=4, d_state=8)),
-    ("h3", dict(d_state=4, shift_size=3)),
-    ("h3", dict(shift_size=20)),
-    ("h3", dict(form="official", head_dim=2, d_state=24)),
+    ("h3", dict(head_dim=4, d_state=8)), ("h3", dict(d_state=4, shift_size=3)),
+    ("h3", dict(shift_size=20)), ("h3", dict(form="official", head_dim=2, d_state=24)),
     # chunk_size=5 makes T=24 span several chunks (and a ragged last one)
-    ("rwkv", dict(chunk_size=5)),
-    ("rwkv", dict(form="official", layer_idx=1)),
-    ("retnet", dict(chunk_size=5)),
-    ("retnet", dict(num_heads=1)),
-    ("based", dict(chunk_size=5)),
-    ("based", dict(feature_dim=4, num_heads=2)),
+    ("rwkv", dict(chunk_size=5)), ("rwkv", dict(form="official", layer_idx=1)),
+    ("retnet", dict(chunk_size=5)), ("retnet", dict(num_heads=1)),
+    ("based", dict(chunk_size=5)), ("based", dict(feature_dim=4, num_heads=2)),
     ("mamba", dict(chunk_size=5)),
     ("mamba", dict(chunk_size=8)),           # T=24 = 3 chunks, no padding: the views path
     ("selective_attention", dict(selection="random")),
@@ -1184,8 +1172,7 @@ def test_h3_state_does_not_grow():
 @pytest.mark.parametrize("name,kwargs,match", [
     ("attention", dict(num_heads=3), "num_heads=3"),
     ("attention", dict(impl="flash"), "impl='flash'"),
-    ("attention", dict(dropout=1.0), "dropout=1.0"),
-    ("sliding_window", dict(window=0), "window=0"),
+    ("attention", dict(dropout=1.0), "dropout=1.0"), ("sliding_window", dict(window=0), "window=0"),
     ("blocked_attention", dict(block_size=2.5), "block_size=2.5"),
     ("sliding_window", dict(impl="flash"), "impl='flash'"),
     ("short_conv", dict(kernel_size=0), "kernel_size=0"),
@@ -3589,8 +3576,7 @@ def test_retnet_state_solves_every_context(c_k, c_v, D, distinct):
 # theory.py as a whole: every check of its report, every error a caller can cause
 
 THEORY_CASES = [(check, {}) for check in th.CHECKS] + [      # the table's sizes, then others
-    (th.check_convolutions, dict(sizes=(1, 4, 17))),
-    (th.check_degree, dict(count=12)),
+    (th.check_convolutions, dict(sizes=(1, 4, 17))), (th.check_degree, dict(count=12)),
     (th.check_kmatrices, dict(m=2)), (th.check_kmatrices, dict(m=16, w=2)),
     (th.check_primitives, dict(Np=1, dp=1)), (th.check_primitives, dict(Np=9, dp=5)),
     (th.check_prop_4_3, dict(sizes=((16, 2, 40), (32, 4, 64)))),
@@ -3650,10 +3636,8 @@ THEORY_ERRORS = [                                        # (what the message nam
     ("H must divide d_model", lambda: th.retention_as_baseconv(*[torch.eye(6, dtype=F64)] * 3,
                                                          torch.full((4,), 0.9, dtype=F64), 8)),
     ("c_v", lambda: th.mqar_contexts(3, 2, 3)),            # 3 distinct values from 2
-    ("c_k", lambda: th.mqar_contexts(2, 4, 3)),
-    ("contexts", lambda: th.mqar_contexts(12, 12, 6)),
-    ("contexts", lambda: th.index_contexts(6, 64)),
-    ("search", lambda: th.min_states(5, 3, 2)),
+    ("c_k", lambda: th.mqar_contexts(2, 4, 3)), ("contexts", lambda: th.mqar_contexts(12, 12, 6)),
+    ("contexts", lambda: th.index_contexts(6, 64)), ("search", lambda: th.min_states(5, 3, 2)),
     ("states", lambda: th.find_confusion(th.index_contexts(2, 3), torch.zeros(5), 2)),  # 6 ctx
 ]
 
