@@ -542,8 +542,7 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
     """The DEFAULT options (chunks of 8 to 64) on T = 150: three chunks or more, so that a
     state is carried over two chunk boundaries (at T = 24, CASES never crosses a default
     chunk of 32 or 64)."""
-    fast = make_mixer(name, d=8, T=150, impl="fast")
-    ref = make_mixer(name, d=8, T=150, impl="reference")
+    fast, ref = (make_mixer(name, d=8, T=150, impl=impl) for impl in ("fast", "reference"))
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 150, 8, dtype=F64)
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
@@ -754,7 +753,9 @@ def test_windowed_fast_forms_equal_their_masked_references(T):
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])
-def test_window_at_least_T_is_exactly_attention(impl):
+def test_window_of_T_or_more_is_exactly_attention_and_of_one_attends_only_to_itself(impl):
+    """W >= T: attention, bit for bit (W = T - 1 is not). W = 1: softmax over a single key
+    is 1, so y_i = W_o v_i + b_o, and step keeps nothing."""
     x = torch.randn(2, 24, 16, dtype=F64)
     attn = make_mixer("attention", impl=impl)
     y = attn(x)
@@ -769,13 +770,7 @@ def test_window_at_least_T_is_exactly_attention(impl):
     assert not torch.allclose(m(x)[:, 23], y[:, 23], atol=1e-6)
     # (rows the window does not clip: equal up to rounding, the fast form takes another path)
     assert torch.allclose(m(x)[:, :23], y[:, :23], atol=1e-12, rtol=0)
-
-
-@pytest.mark.parametrize("impl", ["fast", "reference"])
-def test_window_of_one_attends_only_to_itself(impl):
-    """softmax over a single key is 1, so y_i = W_o v_i + b_o."""
     m = make_mixer("sliding_window", window=1, impl=impl)
-    x = torch.randn(2, 24, 16, dtype=F64)
     v = m.qkv(x)[..., 32:]
     assert torch.allclose(m(x), m.out_proj(v), atol=1e-12)
     ys, states = run_steps(m, x)
@@ -812,9 +807,7 @@ def test_rotary_scores_depend_on_relative_positions_only():
 def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
     """short_conv=3: attention(x + conv(x)), with the plain layer's weights; and the conv's
     filter reaches 2 tokens back, so it changes the output."""
-    torch.manual_seed(0)
-    m = mixers.Attention(16, 24, short_conv=3).double()
-    plain = mixers.Attention(16, 24).double()
+    m, plain = make_mixer("attention", short_conv=3), make_mixer("attention")
     plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("conv")})
     x = torch.randn(2, 24, 16, dtype=F64)
     with torch.no_grad():
@@ -825,11 +818,9 @@ def test_attention_with_a_short_conv_is_attention_of_x_plus_the_conv():
 
 
 def test_window_and_block_states_have_the_documented_sizes():
-    d = 16
-    w = make_mixer("sliding_window", window=5)
-    b = make_mixer("blocked_attention", block_size=5)
-    x = torch.randn(1, 24, d, dtype=F64)
-    for m, size in ((w, lambda t: 2 * min(t, 4) * d), (b, lambda t: 2 * (t % 5) * d)):
+    d, x = 16, torch.randn(1, 24, 16, dtype=F64)
+    for m, size in ((make_mixer("sliding_window", window=5), lambda t: 2 * min(t, 4) * d),
+                    (make_mixer("blocked_attention", block_size=5), lambda t: 2 * (t % 5) * d)):
         _, states = run_steps(m, x)
         assert [mixers.state_numel(s) for s in states] == [size(t) for t in range(1, 25)]
 
