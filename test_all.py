@@ -172,8 +172,7 @@ def test_all_query_slots_match_the_official_algorithm(alpha):
     N, D = 64, 4
     space = (N - 2 * D) // 2
     fast, _ = mqar.multiquery_ar(8000, seq_len=N, num_kv_pairs=D, power_a=alpha, seed=1)
-    slow, _ = mqar.multiquery_ar_per_example(8000, seq_len=N, num_kv_pairs=D, power_a=alpha,
-                                             seed=2)
+    slow, _ = mqar.multiquery_ar_per_example(8000, seq_len=N, num_kv_pairs=D, power_a=alpha, seed=2)
     gf, gs = query_slots(fast, D).numpy(), query_slots(slow, D).numpy()
     for i in range(D):
         stat, dof = chi2_two_sample(np.bincount(gf[:, i], minlength=space),
@@ -640,8 +639,7 @@ def test_the_copy_of_a_paper_form_is_smaller_than_before_the_official_forms_move
     class; on its own it uses the causal convolution, one filter and Mixer."""
     assert definitions_needed("BaseConv") == {
         "base_conv", "ExplicitFilter", "causal_conv", "causal_conv_direct", "causal_conv_fft",
-        "causal_conv_fast", "CONV_IMPLS", "SHORT_FILTER", "Mixer", "check_choice",
-        "check_positive"}
+        "causal_conv_fast", "CONV_IMPLS", "SHORT_FILTER", "Mixer", "check_choice", "check_positive"}
 
 
 def test_initial_values_are_the_ones_the_papers_fix():
@@ -1090,8 +1088,7 @@ def test_ssm_bilinear_discretization_is_the_official_kernels():
     assert torch.allclose(log_dA.exp(), dA, atol=1e-12) and torch.allclose(got_dB, dB)
     ell = torch.arange(30, dtype=F64)
     K = 2 * torch.einsum("dn,dnl->dl", C * dB, dA[..., None] ** ell).real
-    assert torch.allclose(mixers.diagonal_ssm_kernel(log_dt, A, C, 30, "bilinear"), K,
-                          atol=1e-12)
+    assert torch.allclose(mixers.diagonal_ssm_kernel(log_dt, A, C, 30, "bilinear"), K, atol=1e-12)
     with pytest.raises(ValueError, match="discretization='euler'"):
         mixers.ssm_discretize(log_dt, A, "euler")
 
@@ -1243,8 +1240,7 @@ def recurrence(name, T, seed=0):
         # unit keys (the layers L2-normalise them), β in (0, 1), log decays down to -300
         q, k, v = r(2, 4, T, 5), F.normalize(r(2, 4, T, 5), dim=-1), r(2, 4, T, 3)
         beta = torch.sigmoid(r(2, 4, T))
-        log_alpha = -r(2, 4, T).exp() * torch.tensor([0.01, 1.0, 30.0, 300.0],
-                                                      dtype=F64)[:, None]
+        log_alpha = -r(2, 4, T).exp() * torch.tensor([0.01, 1.0, 30.0, 300.0], dtype=F64)[:, None]
         return mixers.DELTA_RULE_IMPLS, lambda f, t, **kw: f(
             q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], log_alpha[:, :, t], **kw)
     if name == "dplr":
@@ -1706,8 +1702,7 @@ def test_dplr_forms_are_flash_linear_attentions_naive_recurrence(impl):
     kk = F.normalize(torch.randn(b, h, l, dk, dtype=F64), dim=-1)
     a, log_w = torch.rand(b, h, l, dk, dtype=F64), -0.6 * torch.rand(b, h, l, dk, dtype=F64)
     want, S = dplr_recurrence(r, k, v, -kk, kk * a, log_w, S0)
-    got, S_got = mixers.DPLR_IMPLS[impl](r * dk ** -0.5, k, v, log_w, -kk, kk * a, S0,
-                                         chunk_size=4)
+    got, S_got = mixers.DPLR_IMPLS[impl](r * dk ** -0.5, k, v, log_w, -kk, kk * a, S0, chunk_size=4)
     assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
 
 
@@ -1981,19 +1976,16 @@ def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
         m.gate.normal_()
         m.gate_bias.zero_()
     x = torch.randn(1, 24, 16, dtype=F64)
-    changed = 0
-    for t in range(1, 24):
-        x2 = x.clone()
+    raised = [x.clone() for _ in range(24)]
+    for t, x2 in enumerate(raised):
         x2[:, t] = 3 * x2[:, t] + 5 * m.gate / m.gate.norm()    # raise row t's score
-        changed += not torch.allclose(m(x)[:, :t], m(x2)[:, :t])
+    changed = sum(not torch.allclose(m(x)[:, :t], m(raised[t])[:, :t]) for t in range(1, 24))
     assert changed > 0, "some earlier row must have been evicted by a later one"
     with pytest.raises(ValueError, match="inference='topk'"):
         m.step(x[:, 0])
     m.inference = "threshold"
     for t in range(1, 24):
-        x2 = x.clone()
-        x2[:, t] = 3 * x2[:, t] + 5 * m.gate / m.gate.norm()
-        assert torch.allclose(m(x)[:, :t], m(x2)[:, :t], atol=1e-12)
+        assert torch.allclose(m(x)[:, :t], m(raised[t])[:, :t], atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2181,9 +2173,8 @@ def test_a_results_folder_holds_one_record_per_run(tmp_path):
     """load_records names both files of a run held twice, and the file of a record whose
     config is not the run its name says (here: its lr edited by hand)."""
     c = small_config(out_dir=str(tmp_path))
-    record = fake_record(**{k: v for k, v in dataclasses.asdict(c).items()
-                            if k not in ("lr", "seed")}, lr=c.lr, seed=c.seed,
-                         test_acc=0.5, valid_acc=0.5)
+    config = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("lr", "seed")}
+    record = fake_record(c.lr, c.seed, 0.5, 0.5, **config)
     path = train.record_path(c)
     train.save_record(record, path)
     assert len(train.load_records(tmp_path)) == 1
@@ -2199,20 +2190,7 @@ def test_a_results_folder_holds_one_record_per_run(tmp_path):
         train.load_records(tmp_path)
 
 
-def test_cells_count_seeds_by_run_and_choose_the_lr_on_validation_only():
-    """Two runs of one cell and lr that differ in more than their seed are refused, naming
-    the setting; so is a choice between lrs where a run has no validation score."""
-    records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(3e-3, 1, 0.5, 0.5, max_steps=100)]
-    with pytest.raises(ValueError, match="differ in max_steps, not only in their seed"):
-        train.cells(records)
-    records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(1e-3, 0, 0.9, 0.4)]
-    del records[1]["valid_acc"]
-    with pytest.raises(ValueError, match="the lr is chosen on validation only"):
-        train.cells(records)
-
-
-def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, capsys,
-                                                                    monkeypatch):
+def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, capsys, monkeypatch):
     args = ["--seq_len=32", "--num_kv_pairs=2", "--vocab_size=256", "--d_model=32",
             "--num_train=512", "--num_test=64", "--num_valid=48", "--batch_size=16",
             "--max_steps=8", "--eval_every=4", "--progress=false", f"--out_dir={tmp_path}"]
@@ -2319,8 +2297,7 @@ def test_a_killed_run_resumes_exactly(tmp_path):
 
 
 def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
-    """A run with dropout is the same run whatever the caller's RNG holds, and leaves it as
-    it was."""
+    """A run with dropout is the same whatever the caller's RNG holds, and leaves it as it was."""
     records = []
     for caller_seed in (1, 2):
         c = small_config(dropout=0.1, mixer="attention:dropout=0.1", max_steps=6, eval_every=3,
@@ -2481,8 +2458,7 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
 def test_device_auto_picks_cuda_then_mps_then_cpu_and_mps_refuses_what_it_lacks(monkeypatch):
     """What is available is faked: --device=auto takes the first of cuda, mps, cpu; a device
     that is not there, and amp or compile on mps, are refused naming the setting."""
-    for cuda, mps, expected in [(True, True, "cuda"), (False, True, "mps"),
-                                (False, False, "cpu")]:
+    for cuda, mps, expected in [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")]:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
         assert train.resolve_device("auto").type == expected
@@ -2636,9 +2612,11 @@ def fake_record(lr, seed, test_acc, valid_acc, **config):
             "history": [], "ended": "max_steps"}
 
 
-def test_cells_choose_the_lr_on_validation_and_give_a_t_interval():
+def test_cells_count_seeds_by_run_choose_the_lr_on_validation_only_and_give_a_t_interval():
     """lr 1e-3 has the better test accuracy but the worse validation accuracy: the cell takes
-    lr 3e-3; its mean over 3 seeds with half-width t(0.975, 2) s / √3 = 4.3027 s / √3."""
+    lr 3e-3; its mean over 3 seeds with half-width t(0.975, 2) s / √3 = 4.3027 s / √3. Two
+    runs of one cell and lr that differ in more than their seed are refused, naming the
+    setting; so is a choice between lrs where a run has no validation score."""
     records = ([fake_record(1e-3, s, 0.9, 0.5) for s in range(3)]
                + [fake_record(3e-3, s, a, 0.6) for s, a in enumerate((0.4, 0.5, 0.6))]
                + [fake_record(3e-3, 0, 0.2, 0.1, d_model=128)])
@@ -2647,6 +2625,13 @@ def test_cells_choose_the_lr_on_validation_and_give_a_t_interval():
     assert math.isclose(rows[0]["test_acc"], 0.5)
     assert math.isclose(rows[0]["interval"], 4.30265273 * 0.1 / math.sqrt(3), rel_tol=1e-8)
     assert math.isnan(rows[1]["interval"])
+    records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(3e-3, 1, 0.5, 0.5, max_steps=100)]
+    with pytest.raises(ValueError, match="differ in max_steps, not only in their seed"):
+        train.cells(records)
+    records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(1e-3, 0, 0.9, 0.4)]
+    del records[1]["valid_acc"]
+    with pytest.raises(ValueError, match="the lr is chosen on validation only"):
+        train.cells(records)
 
 
 @pytest.mark.parametrize("dof, quantile", [(1, 12.70620474), (2, 4.30265273), (5, 2.57058184),
@@ -2777,12 +2762,11 @@ def test_learned_selection_adds_its_aux_loss(tmp_path):
 
 
 def test_model_uses_positions_when_every_mixer_asks_for_them():
-    assert train.LanguageModel(small_config()).pos is not None
-    assert train.LanguageModel(small_config(mixer="sliding_window,blocked_attention")).pos is not None
-    for mixer in ("base_conv", "attention,base_conv"):
-        assert train.LanguageModel(small_config(mixer=mixer)).pos is None
-    assert train.LanguageModel(small_config(position_embedding="none")).pos is None
-    assert train.LanguageModel(small_config(mixer="h3", position_embedding="learned")).pos is not None
+    has_pos = lambda **kw: train.LanguageModel(small_config(**kw)).pos is not None
+    assert has_pos() and has_pos(mixer="sliding_window,blocked_attention")
+    assert not has_pos(mixer="base_conv") and not has_pos(mixer="attention,base_conv")
+    assert not has_pos(position_embedding="none")
+    assert has_pos(mixer="h3", position_embedding="learned")
 
 
 def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path):
@@ -3034,9 +3018,8 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     the same order every epoch; budget_steps stops mid-schedule."""
     seen = []
     loss = train.labelled_loss
-    monkeypatch.setattr(train, "labelled_loss",
-                        lambda m, x, y: (seen.append(x.clone()) if m.training else None) or
-                        loss(m, x, y))
+    monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
+        seen.append(x.clone()) if m.training else None) or loss(m, x, y))
     c = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
                      budget_steps=5, eval_every=50, out_dir=str(tmp_path))
     r = train.train(c)
@@ -3190,8 +3173,7 @@ def _tiny_corpus(folder):
 
 
 LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, batch_size=8,
-               num_train=64, num_test=8, num_valid=0, max_steps=4, eval_every=2,
-               progress=False)
+               num_train=64, num_test=8, num_valid=0, max_steps=4, eval_every=2, progress=False)
 
 
 def test_lm_data_are_next_token_contexts_of_the_split(tmp_path):
