@@ -1187,18 +1187,16 @@ def test_h3_state_does_not_grow():
     ("selective_attention", dict(inference="sample"), "inference='sample'"),
     ("input_dependent_conv", dict(filters="learned"), "filters='learned'"),
     ("input_dependent_conv", dict(num_lags=0), "num_lags=0"),
+    ("long_conv", dict(seq_len=0), "seq_len=0 is not allowed"),
+    ("base_conv", dict(seq_len=0), "seq_len=0 is not allowed"),
+    ("hyena", dict(seq_len=0), "seq_len=0 is not allowed"),
 ])
 def test_bad_arguments_name_the_argument(name, kwargs, match):
-    with pytest.raises(ValueError, match=rf"{match}"):
-        mixers.build_mixer(name, 16, 24, **kwargs)
+    args = dict(d_model=16, seq_len=24) | kwargs
+    with pytest.raises(ValueError, match=match):
+        mixers.build_mixer(name, **args)
     with pytest.raises(ValueError, match="allowed"):
-        mixers.build_mixer(name, 16, 24, **kwargs)
-
-
-@pytest.mark.parametrize("name", ["long_conv", "base_conv", "hyena"])
-def test_seq_len_is_checked(name):
-    with pytest.raises(ValueError, match="seq_len=0 is not allowed"):
-        MIXERS[name](16, 0)
+        mixers.build_mixer(name, **args)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1768,8 +1766,7 @@ def test_mamba_is_initialised_as_mamba_initialises_itself():
     """mamba_simple.py (copied by zoology/mixers/mamba.py): dt_proj U(±dt_rank^-1/2), the
     conv and the Linear layers as PyTorch draws them: U(±1/√fan_in). No Linear has a bias
     (dt_bias is its own parameter), so zeroing Linear biases cannot undo the Δ init."""
-    torch.manual_seed(0)
-    m = mixers.Mamba(64, 24)
+    m = make_mixer("mamba", d=64)
     assert all(mod.bias is None for mod in m.modules() if isinstance(mod, torch.nn.Linear))
     r = m.dt_proj.in_features
     for p, bound in ((m.dt_proj.weight, r ** -0.5), (m.conv_weight, 0.5), (m.conv_bias, 0.5),
@@ -3176,11 +3173,11 @@ LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, ba
                num_train=64, num_test=8, num_valid=0, max_steps=4, eval_every=2, progress=False)
 
 
-def test_lm_data_are_next_token_contexts_of_the_split(tmp_path):
+def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_per_token(tmp_path):
     corpus = _tiny_corpus(tmp_path / "corpus")
     c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
     (x, y), (xt, yt), (xv, yv) = train.make_data(c)
-    train_ids, valid_ids, vocab = mqar.corpus_streams(str(corpus), 128)
+    train_ids, valid_ids, _ = mqar.corpus_streams(str(corpus), 128)
     assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
     held = torch.from_numpy(valid_ids[:10 * 33]).reshape(10, 33)
@@ -3188,17 +3185,12 @@ def test_lm_data_are_next_token_contexts_of_the_split(tmp_path):
     text = " " + " ".join(map(str, train_ids.tolist())) + " "       # ids apart: 1 23 != 12 3
     assert all(f" {' '.join(map(str, row))} " in text
                for row in torch.cat([x[:3], y[:3, -1:]], 1).tolist())
+    model = train.LanguageModel(c)
+    nll = train.token_nll(model, xt, yt, batch_size=3)
+    assert nll.shape == (8, 32)
+    assert math.isclose(nll.mean(), train.labelled_loss(model, xt, yt)[0].item(), rel_tol=1e-5)
     with pytest.raises(ValueError, match="num_test=100000 with num_valid=0 is not allowed"):
         train.make_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
-
-
-def test_token_nll_is_the_training_loss_per_token(tmp_path):
-    c = train.make_config(corpus=str(_tiny_corpus(tmp_path)), **LM_TINY)
-    model = train.LanguageModel(c)
-    _, (x, y), _ = train.make_data(c)
-    nll = train.token_nll(model, x, y, batch_size=3)
-    assert nll.shape == (8, 32)
-    assert math.isclose(nll.mean(), train.labelled_loss(model, x, y)[0].item(), rel_tol=1e-5)
 
 
 def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(
@@ -3625,8 +3617,7 @@ def test_theory_errors_name_the_argument(match, call):
 # README: the quick start runs as written
 
 def readme_blocks(lang):
-    text = (REPO / "README.md").read_text()
-    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
 
 
 README_TABLE = re.compile(r"^<!-- python train\.py --table=(\S+) -->\n((?:\|.*\n?)+)", re.M)
