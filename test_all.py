@@ -933,8 +933,11 @@ def fft_conv_as_official(u, k, skip=1):
     return (y + skip * x).transpose(1, 2)
 
 
-def test_base_conv_official_short_form_is_the_official_layer():
-    """zoology/mixers/base_conv.py with kernel_size 3: y = Conv1d(u) ⊙ projection(u) + u."""
+def test_base_conv_official_forms_are_the_official_layers():
+    """zoology/mixers/base_conv.py with kernel_size 3: y = Conv1d(u) ⊙ projection(u) + u. The
+    long layer: ImplicitLongConvolution (a ReLU MLP over the positional features, no decay)
+    through fft_conv, which adds u, gated by the projection, plus u."""
+    u = torch.randn(2, 24, 16, dtype=F64)
     m = make_mixer("base_conv", kernel_size=3, form="official")
     assert isinstance(m.filter, mixers.ExplicitFilter)
     bound = 1 / math.sqrt(3)                 # PyTorch's Conv1d draw: U(±1/√fan_in), fan_in = K
@@ -942,20 +945,13 @@ def test_base_conv_official_short_form_is_the_official_layer():
     assert m.filter.h.std() > bound / 3, "drawn, not left at zero"
     other = make_mixer("base_conv", kernel_size=3, form="official", filter="implicit")
     assert 0 < other.conv_bias.abs().max() <= bound, "the bias is drawn whatever the filter"
-    u = torch.randn(2, 24, 16, dtype=F64)
     y = conv1d_as_official(m, u, m.filter.h, m.conv_bias) * m.proj(u) + u
     assert torch.allclose(m(u), y, atol=1e-12)
-
-
-def test_base_conv_official_long_form_is_the_official_layer():
-    """The long layer: ImplicitLongConvolution (a ReLU MLP over the positional features,
-    no decay) through fft_conv, which adds u, gated by the projection, plus u."""
-    m = make_mixer("base_conv", form="official")
+    m = make_mixer("base_conv", form="official")                               # the long layer
     assert isinstance(m.filter, mixers.MLPFilter) and not hasattr(m, "conv_bias")
     f = m.filter
     k = (torch.relu(f.z @ f.fc1.weight.T + f.fc1.bias) @ f.fc2.weight.T + f.fc2.bias).T
     assert torch.allclose(f(), k, atol=1e-12)
-    u = torch.randn(2, 24, 16, dtype=F64)
     y = fft_conv_as_official(u, k) * m.proj(u) + u
     assert torch.allclose(m(u), y, atol=1e-12)
 
@@ -1779,31 +1775,24 @@ def test_mamba_is_initialised_as_mamba_initialises_itself():
 # ----------------------------------------------------------------------------------------
 # selective attention
 
-def test_programmatic_selection_is_a_loop_over_earlier_tokens():
+def test_programmatic_selection_is_a_loop_over_earlier_tokens_and_the_mixer_keeps_those_rows():
     """f[i] = 1 iff token i occurred before i, as a Python loop on random sequences, for the
-    function and for the rows the mixer keeps."""
+    function and for the rows the mixer keeps: attention's output there, zeros elsewhere; step
+    with the tokens gives the same, its state as state_size says."""
     T = 30
     tokens = torch.randint(0, 8, (4, T), generator=torch.Generator().manual_seed(0))
     want = torch.tensor([[tokens[b, i].item() in tokens[b, :i].tolist() for i in range(T)]
                          for b in range(4)])
     assert torch.equal(mixers.programmatic_selection(tokens), want)
     m = make_mixer("selective_attention", T=T, selection="programmatic").eval()
-    with torch.no_grad():
-        kept = (m(torch.randn(4, T, 16, dtype=F64), tokens=tokens) != 0).any(-1)
-    assert torch.equal(kept, want)
-
-
-def test_programmatic_mixer_zeroes_unselected_rows_and_steps_with_tokens():
-    m = make_mixer("selective_attention", selection="programmatic").eval()
-    x = torch.randn(2, 24, 16, dtype=F64)
-    tokens = torch.randint(0, 6, (2, 24))
-    f = mixers.programmatic_selection(tokens)
+    x = torch.randn(4, T, 16, dtype=F64)
     with torch.no_grad():
         y = m(x, tokens=tokens)
         full = m.attention(x)
         ys, states = run_steps(m, x, token=tokens)
-    assert torch.equal(y[~f], torch.zeros_like(y[~f]))
-    assert torch.allclose(y[f], full[f])
+    assert torch.equal((y != 0).any(-1), want)
+    assert torch.equal(y[~want], torch.zeros_like(y[~want]))
+    assert torch.allclose(y[want], full[want])
     assert torch.allclose(ys, y, atol=1e-12)
     assert mixers.state_numel(states[9]) == m.state_size(10) == 2 * 10 * 16 + 10
     with pytest.raises(ValueError, match="tokens=None"):
