@@ -96,8 +96,7 @@ def check_mqar_layout(inputs, labels, vocab_size, num_kv_pairs, random_non_queri
     D, c = num_kv_pairs, vocab_size
     assert inputs.dtype == labels.dtype == torch.int64 and labels.shape == (B, N)
     keys, values = inputs[:, 0:2 * D:2], inputs[:, 1:2 * D:2]
-    assert ((keys >= 1) & (keys < c // 2)).all()
-    assert ((values >= c // 2) & (values < c)).all()
+    assert ((keys >= 1) & (keys < c // 2)).all() and ((values >= c // 2) & (values < c)).all()
     assert (keys.sort(1).values.diff(dim=1) > 0).all(), "keys distinct within an example"
     assert (values.sort(1).values.diff(dim=1) > 0).all(), "values distinct within an example"
     g = query_slots(inputs, D)
@@ -381,8 +380,7 @@ def test_corpus_split_vocabulary_and_encoding(tmp_path):
     assert valid[:9] == ["file4.py", "file20.py", "file35.py", "file36.py", "file44.py",
                          "file51.py", "file52.py", "file78.py", "file99.py"]
     assert 150 < len(valid) < 250                                           # about 10%
-    assert mqar.scaled_threshold(10_000_000_000) == 1250
-    assert mqar.scaled_threshold(1000) == 1
+    assert mqar.scaled_threshold(10_000_000_000) == 1250 and mqar.scaled_threshold(1000) == 1
 
 
 def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
@@ -580,8 +578,7 @@ def test_a_registered_mixer_provides_the_interface(name, form):
     aux_loss that is None or a scalar after forward. An official form is a class of its
     own, not the paper's."""
     cls = mixers.mixer_class(name, form)
-    assert (cls is MIXERS[name]) == (form == "paper")
-    assert issubclass(cls, mixers.Mixer)
+    assert (cls is MIXERS[name]) == (form == "paper") and issubclass(cls, mixers.Mixer)
     d_model, seq_len, *options = inspect.signature(cls).parameters.values()
     assert (d_model.name, seq_len.name) == ("d_model", "seq_len")
     assert all(p.default is not p.empty for p in options), "every option has a default"
@@ -759,8 +756,7 @@ def test_window_of_T_or_more_is_exactly_attention_and_of_one_attends_only_to_its
     for window in (24, 1000):
         m = make_mixer("sliding_window", window=window, impl=impl)
         m.load_state_dict(attn.state_dict())
-        assert torch.equal(m(x), y)
-        assert torch.equal(run_steps(m, x)[0], run_steps(attn, x)[0])
+        assert torch.equal(m(x), y) and torch.equal(run_steps(m, x)[0], run_steps(attn, x)[0])
     # the comparison has power: one token less of window changes the output
     m = make_mixer("sliding_window", window=23, impl=impl)
     m.load_state_dict(attn.state_dict())
@@ -964,8 +960,7 @@ def test_positional_features_are_the_official_ones():
         f = torch.linspace(1e-4, bands - 1, bands, dtype=F64)[None]
         z = torch.exp(-1j * f * w)
         expected = torch.cat([t, z.real, z.imag], dim=-1)
-        got = mixers.positional_features(L, f[0], dtype=F64)
-        assert torch.allclose(got, expected, atol=1e-12)
+        assert torch.allclose(mixers.positional_features(L, f[0], dtype=F64), expected, atol=1e-12)
     z = mixers.positional_features(64, mixers.OFFICIAL_FREQUENCIES, dtype=F64)
     assert z.shape == (64, 3), "t, cos, -sin of one band"
     assert (z[:, 1] - 1).abs().max() < 1e-6 and z[:, 2].abs().max() < 1e-3, "~constants"
@@ -2038,8 +2033,7 @@ def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
     with pytest.raises(ValueError, match="window=0 is not allowed"):
         train.LanguageModel(small_config(mixer="sliding_window:window=0"))
     assert train.main(["--mixer=sliding_window:window=0", f"--out_dir={tmp_path}"]) == 2
-    assert "window=0 is not allowed" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())
+    assert "window=0 is not allowed" in capsys.readouterr().err and not list(tmp_path.iterdir())
     # the setting is parsed once per config, and again only once it has changed
     c = small_config(mixer="hyena")
     assert c.layers is c.layers and "layers" not in dataclasses.asdict(c)
@@ -2182,8 +2176,7 @@ def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, ca
     [path] = tmp_path.glob("*.json")
     before = path.read_text()
     monkeypatch.setattr(train, "train", lambda config: pytest.fail("trained again"))
-    assert train.main(args) == 0
-    assert f"already run: {path}" in capsys.readouterr().out
+    assert train.main(args) == 0 and f"already run: {path}" in capsys.readouterr().out
     assert [path] == list(tmp_path.glob("*.json")) and path.read_text() == before
 
 
@@ -3447,8 +3440,7 @@ def test_add(n, dp):
     u = torch.cat([x, S, torch.zeros(n, dp, dtype=F64)])
     want = torch.cat([x, S + x, torch.zeros(n, dp, dtype=F64)])
     layers = th.add(n, dp)
-    assert len(layers) <= 2
-    assert torch.allclose(th.baseconv_stack(u, layers), want, atol=1e-12)
+    assert len(layers) <= 2 and torch.allclose(th.baseconv_stack(u, layers), want, atol=1e-12)
 
 
 def test_baseconv_model_embeds_and_reads_out():
