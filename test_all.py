@@ -1947,8 +1947,7 @@ def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
     """Raising one later score evicts an earlier row under the paper's top-k, so the
     output before t changes; the default threshold rule never looks ahead."""
     scores = torch.tensor([[0.9, 0.6, 0.7, 0.2]])
-    later = scores.clone()
-    later[0, 3] = 0.95
+    later = torch.tensor([[0.9, 0.6, 0.7, 0.95]])                     # the last score raised
     assert torch.equal(mixers.top_k_rows(scores, 2), torch.tensor([[True, False, True, False]]))
     assert torch.equal(mixers.top_k_rows(later, 2), torch.tensor([[True, False, False, True]]))
     m = make_mixer("selective_attention", top_k=6, inference="topk").eval()
@@ -2075,8 +2074,7 @@ def test_dry_run_prints_one_line_per_run_that_reproduces_it(capsys):
             args = shlex.split(line)
             assert args[:2] == ["python", "train.py"] and f"--label={label}" in args
             config = train.parse_overrides(args[2:])
-            assert config == train.make_config(**overrides)
-            assert config.out_dir == f"results/{name}"
+            assert config == train.make_config(**overrides) and config.out_dir == f"results/{name}"
 
 
 SWEEP_SCRIPT = """import sys, train
@@ -2991,8 +2989,7 @@ def test_optimizer_decays_what_the_recipe_says():
 def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch):
     """shuffle=False (the official DataLoader): batches in order, a partial last batch,
     the same order every epoch; budget_steps stops mid-schedule."""
-    seen = []
-    loss = train.labelled_loss
+    seen, loss = [], train.labelled_loss
     monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
         seen.append(x.clone()) if m.training else None) or loss(m, x, y))
     c = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
@@ -3039,8 +3036,7 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
     """eval_probe=16: each evaluation scores the first 16 validation and 16 test examples,
     both whole splits (48 and 64) only where the validation probe passes target_acc, and on
     the final step; the record's scores are the final evaluation's."""
-    sizes = []
-    evaluate = train.evaluate
+    sizes, evaluate = [], train.evaluate
     monkeypatch.setattr(train, "evaluate", lambda m, x, y, **kw: sizes.append(len(x)) or
                         evaluate(m, x, y, **kw))
     c = small_config(eval_probe=16, eval_every=4, max_steps=12, out_dir=str(tmp_path))
