@@ -928,11 +928,8 @@ def fft_conv_as_official(u, k, skip=1):
     return (y + skip * x).transpose(1, 2)
 
 
-def test_base_conv_official_forms_are_the_official_layers():
-    """zoology/mixers/base_conv.py with kernel_size 3: y = Conv1d(u) ⊙ projection(u) + u. The
-    long layer: ImplicitLongConvolution (a ReLU MLP over the positional features, no decay)
-    through fft_conv, which adds u, gated by the projection, plus u."""
-    u = torch.randn(2, 24, 16, dtype=F64)
+def test_base_conv_official_short_form_is_the_official_layer():
+    """zoology/mixers/base_conv.py with kernel_size 3: y = Conv1d(u) ⊙ projection(u) + u."""
     m = make_mixer("base_conv", kernel_size=3, form="official")
     assert isinstance(m.filter, mixers.ExplicitFilter)
     bound = 1 / math.sqrt(3)                 # PyTorch's Conv1d draw: U(±1/√fan_in), fan_in = K
@@ -940,13 +937,20 @@ def test_base_conv_official_forms_are_the_official_layers():
     assert m.filter.h.std() > bound / 3, "drawn, not left at zero"
     other = make_mixer("base_conv", kernel_size=3, form="official", filter="implicit")
     assert 0 < other.conv_bias.abs().max() <= bound, "the bias is drawn whatever the filter"
+    u = torch.randn(2, 24, 16, dtype=F64)
     y = conv1d_as_official(m, u, m.filter.h, m.conv_bias) * m.proj(u) + u
     assert torch.allclose(m(u), y, atol=1e-12)
-    m = make_mixer("base_conv", form="official")                               # the long layer
+
+
+def test_base_conv_official_long_form_is_the_official_layer():
+    """The long layer: ImplicitLongConvolution (a ReLU MLP over the positional features,
+    no decay) through fft_conv, which adds u, gated by the projection, plus u."""
+    m = make_mixer("base_conv", form="official")
     assert isinstance(m.filter, mixers.MLPFilter) and not hasattr(m, "conv_bias")
     f = m.filter
     k = (torch.relu(f.z @ f.fc1.weight.T + f.fc1.bias) @ f.fc2.weight.T + f.fc2.bias).T
     assert torch.allclose(f(), k, atol=1e-12)
+    u = torch.randn(2, 24, 16, dtype=F64)
     y = fft_conv_as_official(u, k) * m.proj(u) + u
     assert torch.allclose(m(u), y, atol=1e-12)
 
