@@ -901,8 +901,7 @@ def test_base_conv_paper_form_is_the_formula():
                 gate = sum(u[b, t, e] * W[e, ch] for e in range(d)) + b1[t, ch]
                 conv = sum(h[ch, s] * u[b, t - s, ch] for s in range(t + 1)) + b2[t, ch]
                 y[b, t, ch] = gate * conv
-    assert torch.allclose(m(u), y, atol=1e-12)
-    assert torch.allclose(run_steps(m, u)[0], y, atol=1e-12)
+    assert torch.allclose(m(u), y, atol=1e-12) and torch.allclose(run_steps(m, u)[0], y, atol=1e-12)
 
 
 def conv1d_as_official(m, u, h, bias):
@@ -2110,9 +2109,8 @@ def test_killed_sweep_resumes_and_loses_no_finished_run(tmp_path):
     out = subprocess.run([sys.executable, str(script), "300"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    records = train.load_records(folder)
     assert first[0].read_text() == before, "the finished run was not run again"
-    assert sorted(r["seed"] for r in records) == [0, 1, 2]
+    assert sorted(r["seed"] for r in train.load_records(folder)) == [0, 1, 2]
 
 
 def test_foreign_or_corrupt_files_in_a_results_folder_are_named(tmp_path):
@@ -2980,8 +2978,7 @@ def test_optimizer_decays_what_the_recipe_says():
     groups = train.make_optimizer(m, small_config(decay_all=True, beta2=0.95)).param_groups
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
     assert groups[0]["betas"] == (0.9, 0.95) and len(groups[0]["params"]) == len(list(m.parameters()))
-    c = small_config(weight_decay=0.05, lr=2e-3)
-    groups = train.make_optimizer(m, c).param_groups
+    groups = train.make_optimizer(m, small_config(weight_decay=0.05, lr=2e-3)).param_groups
     assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0
     assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[0]["betas"] == (0.9, 0.999)
     assert groups[0]["weight_decay"] == 0.05 and [g["lr"] for g in groups] == [2e-3, 2e-3]
@@ -3285,10 +3282,9 @@ def test_appendix_g_scores_the_ar_and_filler_tokens():
                                    batch_size=4)
             for name, fn in [("oracle", oracle), ("uniform", uniform), ("fill", fill_only)]}
     assert [r["ar_tokens"] for r in rows["oracle"]] == [6 * 2, 6 * 8]
-    assert all(math.isclose(r[k], 1.0, rel_tol=1e-6) for r in rows["oracle"]
-               for k in ("ppl_ar", "ppl_filler"))
-    assert all(math.isclose(r[k], V, rel_tol=1e-6) for r in rows["uniform"]
-               for k in ("ppl_ar", "ppl_filler"))
+    for name, want in (("oracle", 1.0), ("uniform", V)):
+        assert all(math.isclose(r[k], want, rel_tol=1e-6) for r in rows[name]
+                   for k in ("ppl_ar", "ppl_filler")), name
     assert all(r["ppl_filler"] < 1.001 and r["ppl_ar"] > 1e6 for r in rows["fill"])
 
 
