@@ -1696,27 +1696,27 @@ def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
     crosses; results/<name>_state.png: accuracy against recurrent state size, the same
-    panels, one line per model;
-    results/<name>_curves.png: the first seed's learning curves. Returns (the cells' rows,
-    the paths written)."""
+    panels, one line per model; results/<name>_curves.png: the first seed's learning curves.
+    Returns (the cells' rows, the paths written)."""
     plt = pyplot()
     import matplotlib.ticker
     check_choice("plot", name, tuple(PLOT_AXES))
     records = plotted_records(name)
     rows = cells(records)
     panel_keys, x_key = PLOT_AXES[name]
-    panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
+    panel_of = lambda r: tuple(r[k] for k in panel_keys)
+    title = lambda panel: ", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel))
+    panels = sorted({panel_of(r) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
     colors = {label: model_color(label) for label in labels}
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        in_panel = [label for label in labels if any(
-            r["label"] == label and tuple(r[k] for k in panel_keys) == panel for r in rows)]
-        single = len({r[x_key] for r in rows if tuple(r[k] for k in panel_keys) == panel}) == 1
+        in_panel = [label for label in labels
+                    if any(r["label"] == label and panel_of(r) == panel for r in rows)]
+        single = len({r[x_key] for r in rows if panel_of(r) == panel}) == 1
         for i, label in enumerate(in_panel):
-            here = [r for r in rows if r["label"] == label
-                    and tuple(r[k] for k in panel_keys) == panel]
+            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
             x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
             half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
             err = [[min(h, v) for h, v in zip(half, y)],                     # within [0, 1]
@@ -1743,16 +1743,14 @@ def plot_sweep(name):
             ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # 4, not 4.0
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(SYMBOLS[x_key])
-        ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
-                     fontsize=9)
-    vocab = sorted({r["config"]["vocab_size"] for r in records})
-    steps = sorted({r["config"]["max_steps"] for r in records})
+        ax.set_title(title(panel), fontsize=9)
+    vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
+    steps = ", ".join(f"{s:,}" for s in sorted({r["config"]["max_steps"] for r in records}))
+    budget = f"c = {vocab}, at most {steps} steps"
     paper = {"fig2": "\n(x: the paper's Figure 2 at c = 8192, read off the plot)",
              "fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
              }.get(name, "")
-    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}, at most "
-                 f"{', '.join(f'{s:,}' for s in steps)} steps\nmean and 95% interval over "
-                 f"seeds{paper}", fontsize=9)
+    fig.suptitle(f"{name}, {budget}\nmean and 95% interval over seeds{paper}", fontsize=9)
     axes[0][0].set_ylabel("test accuracy")
     axes[0][0].set_ylim(0, 1.02)
     if not single:
@@ -1767,20 +1765,18 @@ def plot_sweep(name):
     for ax, panel in zip(axes[0], panels):
         for label in labels:
             points = sorted((state_size(config_of(r)), r["test_acc"]) for r in rows
-                            if r["label"] == label and tuple(r[k] for k in panel_keys) == panel)
+                            if r["label"] == label and panel_of(r) == panel)
             if points:
                 ax.plot(*zip(*points), marker="o", ms=3, color=colors[label])
         ax.set_xscale("symlog", linthresh=1)        # a state of 0 (blocked attention at t = N)
         ax.set_xlabel("recurrent state, numbers per example (all layers)", fontsize=8)
-        ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
-                     fontsize=9)
+        ax.set_title(title(panel), fontsize=9)
     for label in labels:                                        # one legend for every panel
         axes[0][-1].plot([], [], marker="o", ms=3, color=colors[label], label=label)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     fig.suptitle(f"{name}: accuracy against recurrent state size ({SYMBOLS[x_key]} along each "
-                 f"line)\nc = {', '.join(map(str, vocab))}, at most "
-                 f"{', '.join(f'{s:,}' for s in steps)} steps", fontsize=9)
+                 f"line)\n{budget}", fontsize=9)
     save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
@@ -2484,11 +2480,9 @@ def table_command(flags, rest):
 def plot_command(flags, rest):
     """--plot=NAME: print a sweep's table and draw its figures (plot_sweep), or a folder's
     (fig2_epochs, fig2_lr)."""
-    name = flags["--plot"]
-    if name in ("fig2_epochs", "fig2_lr"):
-        table, plot = {"fig2_epochs": (epochs_table, plot_epochs),
-                       "fig2_lr": (lr_table, plot_lr)}[name]
-        print(f"{table()}\nwrote {plot()}")
+    name, plots = flags["--plot"], {"fig2_epochs": plot_epochs, "fig2_lr": plot_lr}
+    if name in plots:                                # its table is in FOLDER_TABLES
+        print(f"{FOLDER_TABLES[name](name)}\nwrote {plots[name](name)}")
         return
     _, paths = plot_sweep(name)
     print(cells_table(name))
