@@ -1813,10 +1813,9 @@ def steps_text(records):
     """The steps the runs took and why they ended, e.g. "650–800 (target)"."""
     steps = sorted(r["steps"] for r in records)
     span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
-    ends = {}
-    for r in records:
-        ends[ENDED[r["ended"]]] = ends.get(ENDED[r["ended"]], 0) + 1
-    why = next(iter(ends)) if len(ends) == 1 else ", ".join(f"{n} {e}" for e, n in ends.items())
+    ends = [ENDED[r["ended"]] for r in records]
+    counts = {e: ends.count(e) for e in ends}                # in order of first appearance
+    why = ends[0] if len(counts) == 1 else ", ".join(f"{n} {e}" for e, n in counts.items())
     return f"{span} ({why})"
 
 
@@ -1837,13 +1836,9 @@ def cells_table(name):
     order = model_order(name)
     rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
                              r["num_kv_pairs"], r["d_model"]))
-    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
-    if name == "fig2":
-        header.append("the paper (N = 64)")
-    if name == "hybrids":
-        header += ["rows attended", "of them queries", "queries attended"]
-    if name == "fig6":
-        header.append("reachable")
+    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps", *{
+        "fig2": ["the paper (N = 64)"], "fig6": ["reachable"],
+        "hybrids": ["rows attended", "of them queries", "queries attended"]}.get(name, [])]
     table = []
     for r in rows:
         half = "" if math.isnan(r["interval"]) else f" ± {r['interval']:.3f}"
@@ -2048,7 +2043,6 @@ def plot_epochs(name="fig2_epochs"):
 
 # ----------------------------------------------------------------------------------------
 # learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
-
 
 PASS = 0.9                                   # a run "solves" the cell above this test accuracy
 
@@ -2413,13 +2407,9 @@ def summarize(records):
     def spread(values, finished):
         ranked = sorted(zip([not f for f in finished], values))   # unfinished runs last
         n = len(ranked)
-        def show(i):
-            unfinished, value = ranked[i]
-            return f"> {value:g}" if unfinished else f"{value:g}"
-        if n % 2 or ranked[n // 2][0]:
-            median = show(n // 2)
-        else:
-            median = f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}"
+        show = lambda i: ("> " if ranked[i][0] else "") + f"{ranked[i][1]:g}"
+        median = (show(n // 2) if n % 2 or ranked[n // 2][0]     # odd n, or a middle one unfinished
+                  else f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}")
         return f"median {median} (min {show(0)}, max {show(n - 1)})"
     finished = [r["ended"] == "target_reached" for r in records]
     return (f"{sum(finished)}/{len(records)} runs passed validation accuracy "
