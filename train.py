@@ -2208,6 +2208,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
                             desc="language models", unit="model"):
         model, record = trained_model(config(label, chosen[label], seed))
         nll[label, seed] = token_nll(model, x_test, y_test)
+        model.eval()                      # for appendix_g below (token_nll ends in train mode)
         rows.append(dict(
             label=label, seed=seed, lr=chosen[label], mixer=record["config"]["mixer"],
             n_params=record["n_params"], steps=record["steps"],
@@ -2217,8 +2218,9 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
             **sliced_perplexity(nll[label, seed], hits[threshold]),
             ppl_ar_by_threshold=[sliced_perplexity(nll[label, seed], hits[t])["ppl_ar"]
                                  for t in thresholds],
-            appendix_g=appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
-                                  pairs, g_samples, any_run.seq_len, batch_size=50)))
+            appendix_g=appendix_g(lambda ids: model.logits(model(ids)),
+                                  torch.arange(2, len(vocabulary)), 2, pairs, g_samples,
+                                  any_run.seq_len, batch_size=50)))
     for row in rows:
         reference = nll.get(("attention", row["seed"]))
         row["ar_share"] = (math.nan if reference is None or row["label"] == "attention" else
@@ -2240,8 +2242,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     plot_lm_curves(rows, summary["tokens_per_step"], curves_path, budget)
     plot_appendix_g({LM_LABELS.get(r["label"], r["label"]): r["appendix_g"]
                      for r in rows if r["seed"] == seeds[0]}, g_path,
-                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, "
-                    f"seed {seeds[0]})")
+                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, seed {seeds[0]})")
     return summary
 
 
@@ -2250,9 +2251,8 @@ def lm_outputs(out_dir):
     summary (JSON), the sliced perplexities, the validation curves and the appendix G
     curves (PNG)."""
     folder = Path(out_dir)
-    return (folder.with_name(folder.name + ".json"), folder.with_name(folder.name + ".png"),
-            folder.with_name(folder.name + "_curves.png"),
-            folder.with_name(folder.name + "_appendix_g.png"))
+    return tuple(folder.with_name(folder.name + end)
+                 for end in (".json", ".png", "_curves.png", "_appendix_g.png"))
 
 
 def strict_json(summary):
@@ -2353,12 +2353,6 @@ def appendix_g(logits_fn, token_ids, filler_id, num_pairs=APPENDIX_G_PAIRS, num_
         rows.append(dict(num_pairs=P, ppl_ar=ppl["ar"], ppl_filler=ppl["filler"],
                          ar_tokens=sum(len(v) for v in nll["ar"])))
     return rows
-
-
-def our_logits_fn(model):
-    """A LanguageModel of this file as appendix_g's logits_fn (in eval mode)."""
-    model.eval()
-    return lambda ids: model.logits(model(ids))
 
 
 def hf_causal_lm(name_or_path):
