@@ -451,9 +451,8 @@ class LanguageModel(nn.Module):
         return sum(b.mixer.aux_loss for b in self.blocks if b.mixer.aux_loss is not None)
 
     def step(self, token, position, states=None):
-        """One token (B,) at `position` -> (final hidden state (B, d), new per-layer states).
-
-        The recurrent view of `forward`: every mixer runs its own `step`."""
+        """One token (B,) at `position` -> (final hidden state (B, d), new per-layer states):
+        the recurrent view of `forward`, every mixer running its own `step`."""
         x = self.embed(token)
         if self.pos is not None:
             x = x + self.pos.weight[position]
@@ -664,8 +663,7 @@ NOT_IDENTITY = ("out_dir", "progress", "label", "save_model", "checkpoint_every"
 
 def identity(config):
     """What makes two runs the same run: the schema and every setting that differs from its
-    default, but where the record goes, whether a bar is shown, the label and whether the
-    weights are saved."""
+    default, but those of NOT_IDENTITY (where and how a run goes, not what it is)."""
     default = Config()
     return json.dumps({"schema": RECORD_SCHEMA, **{
         k: v for k, v in dataclasses.asdict(config).items()
@@ -690,13 +688,11 @@ TASKS = ("mqar", "lm")
 
 
 def make_data(config):
-    """Train, test and validation sets as (inputs, labels). MQAR: from disjoint seeds, 2·seed,
-    2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31). "lm":
-    lm_data."""
-    c = config
-    if c.task == "lm":
-        return lm_data(c)
-    return mqar_split(c, "train"), mqar_split(c, "test"), mqar_split(c, "valid")
+    """Train, test and validation sets as (inputs, labels); "lm": lm_data. MQAR from disjoint
+    seeds: 2·seed, 2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31)."""
+    if config.task == "lm":
+        return lm_data(config)
+    return tuple(mqar_split(config, split) for split in ("train", "test", "valid"))
 
 
 def mqar_split(config, split):
@@ -1060,8 +1056,7 @@ def figure2_values(config):
     Mamba runs in the official MambaBlock (RMSNorm pre-norm, no dropout). The sweep's lr is
     one of logspace(-4, -2, 4) (the caller's `lr`), and Figure 2 reports the best of the four.
     """
-    c = config
-    batch = figure2_batch_size(c.seq_len)
+    batch = figure2_batch_size(config.seq_len)
     epoch = math.ceil(100_000 / batch)                       # steps in one epoch
     values = dict(block="identity_mlp", mlp=False, dropout=0.1, init="gpt2",
                   position_embedding="auto", vocab_size=8192, power_a=0.01, num_train=100_000,
@@ -1069,7 +1064,7 @@ def figure2_values(config):
                   decay_all=True, grad_clip=0.0, warmup_steps=0,
                   max_steps=64 * epoch, schedule="cosine_epochs", shuffle=False,
                   eval_every=epoch, eval_probe=0, target_acc=0.99)
-    if c.mixer == "mamba":
+    if config.mixer == "mamba":
         values.update(block="rms_pre_norm", dropout=0.0)
     return values
 
@@ -1804,9 +1799,8 @@ def acc_text(value):
 
 def examples_seen(config, steps):
     """Training examples the first `steps` steps drew (an epoch's last batch may be partial)."""
-    c = config
-    epochs, rest = divmod(steps, steps_per_epoch(c))
-    return epochs * c.num_train + min(rest * c.batch_size, c.num_train)
+    epochs, rest = divmod(steps, steps_per_epoch(config))
+    return epochs * config.num_train + min(rest * config.batch_size, config.num_train)
 
 
 def steps_text(records):
@@ -2486,10 +2480,9 @@ def submit_command(flags, rest):
 def sweep_command(flags, rest):
     """--sweep=NAME [--scale=...] [--dry_run] [--workers=K], or no arguments: the main job
     (the sweep "main", every run trained again)."""
-    workers = _positive_flag(flags, "workers", 1)
     name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
     records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume="--sweep" in flags,
-                        workers=workers)
+                        workers=_positive_flag(flags, "workers", 1))
     if records:
         print(cells_table(name) if name in PLOT_AXES else runs_table(records, name))
     if records and name == "main":
@@ -2531,8 +2524,7 @@ def lm_command(flags, rest):
     if threshold is not None and threshold < 0:
         raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
                          "integer >= 0 (training occurrences of an AR hit's bigram)")
-    samples = _positive_flag(flags, "samples", 1000)
-    summary = run_lm_experiment(overrides, threshold, samples)
+    summary = run_lm_experiment(overrides, threshold, _positive_flag(flags, "samples", 1000))
     titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
                   f"{summary['threshold']:,} ({summary['train_tokens']:,} training tokens)",
               "thresholds": "AR perplexity by the threshold of an AR hit",
