@@ -420,17 +420,16 @@ class LanguageModel(nn.Module):
         super().__init__()
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        layers = c.layers
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
                    all(mixer_class(name, kw.get("form", "paper")).uses_positions
-                       for name, kw in layers)))
+                       for name, kw in c.layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
-            for name, kwargs in layers)
+            for name, kwargs in c.layers)
         self.norm = nn.LayerNorm(c.d_model)
         init_weights(self, c.init, c.n_layers, c.block)
 
@@ -522,8 +521,7 @@ def labelled_loss(model, inputs, labels):
 
     Projecting just the M labelled rows onto the vocabulary gives the same loss as full
     (B, T, c) logits with ignore_index, at a fraction of the cost: the official harness
-    computes them at every position.
-    Returns (mean loss, number of correct argmax predictions, M).
+    computes them at every position. Returns (mean loss, correct argmax predictions, M).
     """
     hidden = model(inputs)                                                   # (B, T, d)
     mask = labels != IGNORE
@@ -983,9 +981,8 @@ def bench(config):
         torch.manual_seed(c.seed)
         model = LanguageModel(c).to(device)
     optimizer = make_optimizer(model, c)
-    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
-                                   c.power_a, seed=c.seed)
-    inputs, labels = inputs.to(device), labels.to(device)
+    inputs, labels = (x.to(device) for x in multiquery_ar(
+        c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed))
 
     def step_seconds(loss_fn):
         if device.type != "cpu":
@@ -1176,8 +1173,7 @@ SWEEPS = {
         "paper": dict(models=FRONTIER_MODELS, **PAPER_GRID),
         # D = 16 at N = 64 fills half the context with pairs: where a small state runs out
         "cpu": dict(models=FRONTIER_MODELS, nd=[(64, 4), (64, 16)], d_model=[32, 64],
-                    lr=[3e-3], seed=[0], num_train=[256_000], max_steps=[2000],
-                    num_valid=[1000]),
+                    lr=[3e-3], seed=[0], num_train=[256_000], max_steps=[2000], num_valid=[1000]),
     },
     "fig2": {
         "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, **PAPER_GRID),
@@ -1231,9 +1227,8 @@ SWEEPS = {
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
         "paper": dict(models=F2_MODELS, **PAPER_GRID),
-        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64], vocab_size=[512],
-                    lr=[3e-3], seed=[0, 1, 2], num_train=[256_000], max_steps=[2000],
-                    num_valid=[1000]),
+        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64], vocab_size=[512], lr=[3e-3],
+                    seed=[0, 1, 2], num_train=[256_000], max_steps=[2000], num_valid=[1000]),
     },
 }
 
@@ -1259,10 +1254,9 @@ def sweep_runs(name, scale):
 
 def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
-    where it stopped, each unfinished run from its checkpoint; resume=False trains the
-    finished runs again too), with a bar over runs: in this process, or in `workers`
-    processes at once (run_in_processes). With dry_run, print one command line per run
-    instead."""
+    where it stopped, each unfinished run from its checkpoint; resume=False trains the finished
+    runs again too), with a bar over runs: in this process, or in `workers` processes at once
+    (run_in_processes); with dry_run, print one command line per run instead."""
     runs = sweep_runs(name, scale)
     if dry_run:
         for _, overrides in runs:                  # the command line of each run
@@ -1775,8 +1769,7 @@ def plot_sweep(name):
     save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
-    return rows, [f"results/{name}.png", f"results/{name}_state.png",
-                  f"results/{name}_curves.png"]
+    return rows, [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -2241,9 +2234,8 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
 
 
 def lm_outputs(out_dir):
-    """The files an LM experiment with records in `out_dir` writes beside that folder: its
-    summary (JSON), the sliced perplexities, the validation curves and the appendix G
-    curves (PNG)."""
+    """What an LM experiment with records in `out_dir` writes beside that folder: its summary
+    (JSON), the sliced perplexities, the validation curves and the appendix G curves (PNG)."""
     folder = Path(out_dir)
     return tuple(folder.with_name(folder.name + end)
                  for end in (".json", ".png", "_curves.png", "_appendix_g.png"))
