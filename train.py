@@ -274,6 +274,7 @@ def _option_value(text):
 BLOCKS = ("pre_norm", "identity_mlp", "rms_pre_norm")
 INITS = ("normal", "gpt2")
 SCHEDULES = ("cosine", "cosine_epochs")
+TASKS = ("mqar", "lm")
 
 
 def check_config(config):
@@ -319,9 +320,8 @@ def check_config(config):
                          "Apple GPU (MPS); use --device=cpu or --device=auto")
     if resolve_device(c.device).type == "mps" and (c.amp or c.compile):
         raise ValueError(f"amp={c.amp} with compile={c.compile!r} is not allowed on 'mps' "
-                         f"(device={c.device!r}): "
-                         "bfloat16 autocast and torch.compile are checked on CUDA only; run "
-                         "without them there (--amp=false --compile=)")
+                         f"(device={c.device!r}): bfloat16 autocast and torch.compile are "
+                         "checked on CUDA only; run without them there (--amp=false --compile=)")
     check_choice("task", c.task, TASKS)
     if c.task == "mqar":
         multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
@@ -680,9 +680,6 @@ def run_name(config):
 def record_path(config):
     """Where the record of `config`'s run goes: out_dir/run_name.json."""
     return Path(config.out_dir) / f"{run_name(config)}.json"
-
-
-TASKS = ("mqar", "lm")
 
 
 def make_data(config):
@@ -1407,13 +1404,12 @@ def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_p
     # local jobs inherit SIGINT's disposition too, and submitit cancels one with SIGINT: from a
     # shell's background job (`nohup ... &`), which starts with SIGINT ignored, no job could
     # be cancelled, so the jobs start with Python's own handler
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt = (signal.signal(signal.SIGINT, signal.default_int_handler)
+                 if threading.current_thread() is threading.main_thread() else None)
     try:
         return executor.map_array(module.SweepJob(), todo)
     finally:
-        if main_thread and interrupt is not None:      # None: a handler set outside Python
+        if interrupt is not None:     # None: not the main thread, or a handler set outside Python
             signal.signal(signal.SIGINT, interrupt)
         if previous is None:
             del os.environ["PYTHONPATH"]
@@ -1893,10 +1889,9 @@ def lm_tables(s):
           " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))]
          for r in s["rows"]])
     chosen = {r["label"]: r["lr"] for r in s["rows"]}
-    rates = markdown(
-        ["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
-        [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
-         for label, losses in s["lr_valid_loss"].items()])
+    rates = markdown(["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
+                     [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
+                      for label, losses in s["lr_valid_loss"].items()])
     thresholds = markdown(
         ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
                             for t in s["thresholds"])],
@@ -1939,13 +1934,14 @@ def markdown_table(name):
 # ----------------------------------------------------------------------------------------
 # Figure 2 at the paper's budget: the pilot's choice and the 64-epoch runs, epoch by epoch
 
+PILOT_TIE = 0.01                               # validation accuracies this close tie (pilot_choice)
+EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)    # the epochs epochs_table shows
+
+
 def epoch_scores(record, key):
     """{epoch: score} of a run that evaluates after every epoch (--preset=figure2)."""
     c = Config(**record["config"])
     return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
-
-
-PILOT_TIE = 0.01
 
 
 def pilot_choice(records):
@@ -1979,9 +1975,6 @@ def pilot_table(name="fig2_pilot"):
              else "", f"{r['train_time_s']:.0f}"] for r in sorted(records, key=key)]
     return markdown(["model", "d", "lr", "valid accuracy after each epoch", "valid acc",
                      "valid loss", "test acc", "ended", "chosen", "training s"], rows)
-
-
-EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)
 
 
 def epochs_table(name="fig2_epochs"):
@@ -2105,6 +2098,7 @@ LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4
                  eval_probe=0, target_acc=1.0, save_model=True, out_dir="results/lm")
 LM_LRS = (1e-3, 3e-3, 1e-2)        # each model's rate: the least validation loss of these
 LM_SEEDS = (0, 1)                  # the first chooses the rate, every one trains at it
+APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4P <= seq_len)
 
 
 @torch.no_grad()
@@ -2132,9 +2126,6 @@ def trained_model(config):
         model = LanguageModel(config)
     model.load_state_dict(torch.load(path.with_suffix(".pt"), map_location="cpu"))
     return model, record
-
-
-APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4P <= seq_len)
 
 
 def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
