@@ -1157,8 +1157,7 @@ FIG2_EPOCHS_GRIDS = [dict(models={"base_conv": "base_conv"}, d_model=[64, 128]),
                      dict(models={"attention": "attention"}, d_model=[64])]
 FIG2_EPOCHS = dict(preset=["figure2"], nd=[(64, 4)], seed=[0])
 # (model, d) -> the lr the pilot chose (pilot_choice of results/fig2_pilot)
-FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3,
-                   ("attention", 64): 2.15e-3}
+FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3, ("attention", 64): 2.15e-3}
 SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models={"attention": "attention",
@@ -1736,8 +1735,7 @@ def plot_sweep(name):
              "fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
              }.get(name, "")
     fig.suptitle(f"{name}, {budget}\nmean and 95% interval over seeds{paper}", fontsize=9)
-    axes[0][0].set_ylabel("test accuracy")
-    axes[0][0].set_ylim(0, 1.02)
+    axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     if not single:
         axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     save_figure(fig, f"results/{name}.png")
@@ -2156,8 +2154,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     def config(label, lr, seed):          # a stack of mixers repeats over the layers
         stack = itertools.islice(itertools.cycle(LM_MODELS[label].split(",")),
                                  settings["n_layers"])
-        return make_config(**{**settings, "label": label, "mixer": ",".join(stack), "lr": lr,
-                              "seed": seed})
+        return make_config(**dict(settings, label=label, mixer=",".join(stack), lr=lr, seed=seed))
 
     valid_loss = {}
     for label, lr in tqdm([(label, lr) for label in LM_MODELS for lr in lrs],
@@ -2359,8 +2356,7 @@ def plot_appendix_g(curves, path, title):
                 label=f"{label}, AR")
         ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=model_color(label),
                 label=f"{label}, filler")
-    ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity",
-           title=title)
+    ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity", title=title)
     ax.set_xticks(P, [str(p) for p in P])
     ax.set_xticks([], minor=True)                      # no 3 x 10^0 between the P ticks
     ax.legend(fontsize=6)
