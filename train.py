@@ -274,6 +274,7 @@ def _option_value(text):
 BLOCKS = ("pre_norm", "identity_mlp", "rms_pre_norm")
 INITS = ("normal", "gpt2")
 SCHEDULES = ("cosine", "cosine_epochs")
+TASKS = ("mqar", "lm")
 
 
 def check_config(config):
@@ -319,9 +320,8 @@ def check_config(config):
                          "Apple GPU (MPS); use --device=cpu or --device=auto")
     if resolve_device(c.device).type == "mps" and (c.amp or c.compile):
         raise ValueError(f"amp={c.amp} with compile={c.compile!r} is not allowed on 'mps' "
-                         f"(device={c.device!r}): "
-                         "bfloat16 autocast and torch.compile are checked on CUDA only; run "
-                         "without them there (--amp=false --compile=)")
+                         f"(device={c.device!r}): bfloat16 autocast and torch.compile are "
+                         "checked on CUDA only; run without them there (--amp=false --compile=)")
     check_choice("task", c.task, TASKS)
     if c.task == "mqar":
         multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
@@ -420,17 +420,16 @@ class LanguageModel(nn.Module):
         super().__init__()
         c = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
-        layers = c.layers
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
                    all(mixer_class(name, kw.get("form", "paper")).uses_positions
-                       for name, kw in layers)))
+                       for name, kw in c.layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
-            for name, kwargs in layers)
+            for name, kwargs in c.layers)
         self.norm = nn.LayerNorm(c.d_model)
         init_weights(self, c.init, c.n_layers, c.block)
 
@@ -451,9 +450,8 @@ class LanguageModel(nn.Module):
         return sum(b.mixer.aux_loss for b in self.blocks if b.mixer.aux_loss is not None)
 
     def step(self, token, position, states=None):
-        """One token (B,) at `position` -> (final hidden state (B, d), new per-layer states).
-
-        The recurrent view of `forward`: every mixer runs its own `step`."""
+        """One token (B,) at `position` -> (final hidden state (B, d), new per-layer states):
+        the recurrent view of `forward`, every mixer running its own `step`."""
         x = self.embed(token)
         if self.pos is not None:
             x = x + self.pos.weight[position]
@@ -523,8 +521,7 @@ def labelled_loss(model, inputs, labels):
 
     Projecting just the M labelled rows onto the vocabulary gives the same loss as full
     (B, T, c) logits with ignore_index, at a fraction of the cost: the official harness
-    computes them at every position.
-    Returns (mean loss, number of correct argmax predictions, M).
+    computes them at every position. Returns (mean loss, correct argmax predictions, M).
     """
     hidden = model(inputs)                                                   # (B, T, d)
     mask = labels != IGNORE
@@ -664,8 +661,7 @@ NOT_IDENTITY = ("out_dir", "progress", "label", "save_model", "checkpoint_every"
 
 def identity(config):
     """What makes two runs the same run: the schema and every setting that differs from its
-    default, but where the record goes, whether a bar is shown, the label and whether the
-    weights are saved."""
+    default, but those of NOT_IDENTITY (where and how a run goes, not what it is)."""
     default = Config()
     return json.dumps({"schema": RECORD_SCHEMA, **{
         k: v for k, v in dataclasses.asdict(config).items()
@@ -686,17 +682,12 @@ def record_path(config):
     return Path(config.out_dir) / f"{run_name(config)}.json"
 
 
-TASKS = ("mqar", "lm")
-
-
 def make_data(config):
-    """Train, test and validation sets as (inputs, labels). MQAR: from disjoint seeds, 2·seed,
-    2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31). "lm":
-    lm_data."""
-    c = config
-    if c.task == "lm":
-        return lm_data(c)
-    return mqar_split(c, "train"), mqar_split(c, "test"), mqar_split(c, "valid")
+    """Train, test and validation sets as (inputs, labels); "lm": lm_data. MQAR from disjoint
+    seeds: 2·seed, 2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31)."""
+    if config.task == "lm":
+        return lm_data(config)
+    return tuple(mqar_split(config, split) for split in ("train", "test", "valid"))
 
 
 def mqar_split(config, split):
@@ -987,9 +978,8 @@ def bench(config):
         torch.manual_seed(c.seed)
         model = LanguageModel(c).to(device)
     optimizer = make_optimizer(model, c)
-    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
-                                   c.power_a, seed=c.seed)
-    inputs, labels = inputs.to(device), labels.to(device)
+    inputs, labels = (x.to(device) for x in multiquery_ar(
+        c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed))
 
     def step_seconds(loss_fn):
         if device.type != "cpu":
@@ -1060,8 +1050,7 @@ def figure2_values(config):
     Mamba runs in the official MambaBlock (RMSNorm pre-norm, no dropout). The sweep's lr is
     one of logspace(-4, -2, 4) (the caller's `lr`), and Figure 2 reports the best of the four.
     """
-    c = config
-    batch = figure2_batch_size(c.seq_len)
+    batch = figure2_batch_size(config.seq_len)
     epoch = math.ceil(100_000 / batch)                       # steps in one epoch
     values = dict(block="identity_mlp", mlp=False, dropout=0.1, init="gpt2",
                   position_embedding="auto", vocab_size=8192, power_a=0.01, num_train=100_000,
@@ -1069,7 +1058,7 @@ def figure2_values(config):
                   decay_all=True, grad_clip=0.0, warmup_steps=0,
                   max_steps=64 * epoch, schedule="cosine_epochs", shuffle=False,
                   eval_every=epoch, eval_probe=0, target_acc=0.99)
-    if c.mixer == "mamba":
+    if config.mixer == "mamba":
         values.update(block="rms_pre_norm", dropout=0.0)
     return values
 
@@ -1168,8 +1157,7 @@ FIG2_EPOCHS_GRIDS = [dict(models={"base_conv": "base_conv"}, d_model=[64, 128]),
                      dict(models={"attention": "attention"}, d_model=[64])]
 FIG2_EPOCHS = dict(preset=["figure2"], nd=[(64, 4)], seed=[0])
 # (model, d) -> the lr the pilot chose (pilot_choice of results/fig2_pilot)
-FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3,
-                   ("attention", 64): 2.15e-3}
+FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3, ("attention", 64): 2.15e-3}
 SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models={"attention": "attention",
@@ -1181,8 +1169,7 @@ SWEEPS = {
         "paper": dict(models=FRONTIER_MODELS, **PAPER_GRID),
         # D = 16 at N = 64 fills half the context with pairs: where a small state runs out
         "cpu": dict(models=FRONTIER_MODELS, nd=[(64, 4), (64, 16)], d_model=[32, 64],
-                    lr=[3e-3], seed=[0], num_train=[256_000], max_steps=[2000],
-                    num_valid=[1000]),
+                    lr=[3e-3], seed=[0], num_train=[256_000], max_steps=[2000], num_valid=[1000]),
     },
     "fig2": {
         "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, **PAPER_GRID),
@@ -1236,9 +1223,8 @@ SWEEPS = {
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
         "paper": dict(models=F2_MODELS, **PAPER_GRID),
-        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64], vocab_size=[512],
-                    lr=[3e-3], seed=[0, 1, 2], num_train=[256_000], max_steps=[2000],
-                    num_valid=[1000]),
+        "cpu": dict(models=F2_MODELS, nd=[(64, 4)], d_model=[64], vocab_size=[512], lr=[3e-3],
+                    seed=[0, 1, 2], num_train=[256_000], max_steps=[2000], num_valid=[1000]),
     },
 }
 
@@ -1264,10 +1250,9 @@ def sweep_runs(name, scale):
 
 def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
-    where it stopped, each unfinished run from its checkpoint; resume=False trains the
-    finished runs again too), with a bar over runs: in this process, or in `workers`
-    processes at once (run_in_processes). With dry_run, print one command line per run
-    instead."""
+    where it stopped, each unfinished run from its checkpoint; resume=False trains the finished
+    runs again too), with a bar over runs: in this process, or in `workers` processes at once
+    (run_in_processes); with dry_run, print one command line per run instead."""
     runs = sweep_runs(name, scale)
     if dry_run:
         for _, overrides in runs:                  # the command line of each run
@@ -1418,13 +1403,12 @@ def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_p
     # local jobs inherit SIGINT's disposition too, and submitit cancels one with SIGINT: from a
     # shell's background job (`nohup ... &`), which starts with SIGINT ignored, no job could
     # be cancelled, so the jobs start with Python's own handler
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt = (signal.signal(signal.SIGINT, signal.default_int_handler)
+                 if threading.current_thread() is threading.main_thread() else None)
     try:
         return executor.map_array(module.SweepJob(), todo)
     finally:
-        if main_thread and interrupt is not None:      # None: a handler set outside Python
+        if interrupt is not None:     # None: not the main thread, or a handler set outside Python
             signal.signal(signal.SIGINT, interrupt)
         if previous is None:
             del os.environ["PYTHONPATH"]
@@ -1696,27 +1680,27 @@ def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key, the paper's values as faint
     crosses; results/<name>_state.png: accuracy against recurrent state size, the same
-    panels, one line per model;
-    results/<name>_curves.png: the first seed's learning curves. Returns (the cells' rows,
-    the paths written)."""
+    panels, one line per model; results/<name>_curves.png: the first seed's learning curves.
+    Returns (the cells' rows, the paths written)."""
     plt = pyplot()
     import matplotlib.ticker
     check_choice("plot", name, tuple(PLOT_AXES))
     records = plotted_records(name)
     rows = cells(records)
     panel_keys, x_key = PLOT_AXES[name]
-    panels = sorted({tuple(r[k] for k in panel_keys) for r in rows})
+    panel_of = lambda r: tuple(r[k] for k in panel_keys)
+    title = lambda panel: ", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel))
+    panels = sorted({panel_of(r) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
     colors = {label: model_color(label) for label in labels}
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        in_panel = [label for label in labels if any(
-            r["label"] == label and tuple(r[k] for k in panel_keys) == panel for r in rows)]
-        single = len({r[x_key] for r in rows if tuple(r[k] for k in panel_keys) == panel}) == 1
+        in_panel = [label for label in labels
+                    if any(r["label"] == label and panel_of(r) == panel for r in rows)]
+        single = len({r[x_key] for r in rows if panel_of(r) == panel}) == 1
         for i, label in enumerate(in_panel):
-            here = [r for r in rows if r["label"] == label
-                    and tuple(r[k] for k in panel_keys) == panel]
+            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
             x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
             half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
             err = [[min(h, v) for h, v in zip(half, y)],                     # within [0, 1]
@@ -1743,18 +1727,15 @@ def plot_sweep(name):
             ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # 4, not 4.0
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(SYMBOLS[x_key])
-        ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
-                     fontsize=9)
-    vocab = sorted({r["config"]["vocab_size"] for r in records})
-    steps = sorted({r["config"]["max_steps"] for r in records})
+        ax.set_title(title(panel), fontsize=9)
+    vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
+    steps = ", ".join(f"{s:,}" for s in sorted({r["config"]["max_steps"] for r in records}))
+    budget = f"c = {vocab}, at most {steps} steps"
     paper = {"fig2": "\n(x: the paper's Figure 2 at c = 8192, read off the plot)",
              "fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
              }.get(name, "")
-    fig.suptitle(f"{name}, c = {', '.join(map(str, vocab))}, at most "
-                 f"{', '.join(f'{s:,}' for s in steps)} steps\nmean and 95% interval over "
-                 f"seeds{paper}", fontsize=9)
-    axes[0][0].set_ylabel("test accuracy")
-    axes[0][0].set_ylim(0, 1.02)
+    fig.suptitle(f"{name}, {budget}\nmean and 95% interval over seeds{paper}", fontsize=9)
+    axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     if not single:
         axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     save_figure(fig, f"results/{name}.png")
@@ -1767,25 +1748,22 @@ def plot_sweep(name):
     for ax, panel in zip(axes[0], panels):
         for label in labels:
             points = sorted((state_size(config_of(r)), r["test_acc"]) for r in rows
-                            if r["label"] == label and tuple(r[k] for k in panel_keys) == panel)
+                            if r["label"] == label and panel_of(r) == panel)
             if points:
                 ax.plot(*zip(*points), marker="o", ms=3, color=colors[label])
         ax.set_xscale("symlog", linthresh=1)        # a state of 0 (blocked attention at t = N)
         ax.set_xlabel("recurrent state, numbers per example (all layers)", fontsize=8)
-        ax.set_title(", ".join(f"{SYMBOLS[k]} = {v}" for k, v in zip(panel_keys, panel)),
-                     fontsize=9)
+        ax.set_title(title(panel), fontsize=9)
     for label in labels:                                        # one legend for every panel
         axes[0][-1].plot([], [], marker="o", ms=3, color=colors[label], label=label)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     fig.suptitle(f"{name}: accuracy against recurrent state size ({SYMBOLS[x_key]} along each "
-                 f"line)\nc = {', '.join(map(str, vocab))}, at most "
-                 f"{', '.join(f'{s:,}' for s in steps)} steps", fontsize=9)
+                 f"line)\n{budget}", fontsize=9)
     save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
     plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
-    return rows, [f"results/{name}.png", f"results/{name}_state.png",
-                  f"results/{name}_curves.png"]
+    return rows, [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -1808,19 +1786,17 @@ def acc_text(value):
 
 def examples_seen(config, steps):
     """Training examples the first `steps` steps drew (an epoch's last batch may be partial)."""
-    c = config
-    epochs, rest = divmod(steps, steps_per_epoch(c))
-    return epochs * c.num_train + min(rest * c.batch_size, c.num_train)
+    epochs, rest = divmod(steps, steps_per_epoch(config))
+    return epochs * config.num_train + min(rest * config.batch_size, config.num_train)
 
 
 def steps_text(records):
     """The steps the runs took and why they ended, e.g. "650–800 (target)"."""
     steps = sorted(r["steps"] for r in records)
     span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
-    ends = {}
-    for r in records:
-        ends[ENDED[r["ended"]]] = ends.get(ENDED[r["ended"]], 0) + 1
-    why = next(iter(ends)) if len(ends) == 1 else ", ".join(f"{n} {e}" for e, n in ends.items())
+    ends = [ENDED[r["ended"]] for r in records]
+    counts = {e: ends.count(e) for e in ends}                # in order of first appearance
+    why = ends[0] if len(counts) == 1 else ", ".join(f"{n} {e}" for e, n in counts.items())
     return f"{span} ({why})"
 
 
@@ -1841,13 +1817,9 @@ def cells_table(name):
     order = model_order(name)
     rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
                              r["num_kv_pairs"], r["d_model"]))
-    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps"]
-    if name == "fig2":
-        header.append("the paper (N = 64)")
-    if name == "hybrids":
-        header += ["rows attended", "of them queries", "queries attended"]
-    if name == "fig6":
-        header.append("reachable")
+    header = ["model", "N", "D", "d", "test accuracy", "seeds", "steps", *{
+        "fig2": ["the paper (N = 64)"], "fig6": ["reachable"],
+        "hybrids": ["rows attended", "of them queries", "queries attended"]}.get(name, [])]
     table = []
     for r in rows:
         half = "" if math.isnan(r["interval"]) else f" ± {r['interval']:.3f}"
@@ -1915,10 +1887,9 @@ def lm_tables(s):
           " / ".join(f"{v:.2f}" for v in PAPER_TABLE1.get(r["label"], ()))]
          for r in s["rows"]])
     chosen = {r["label"]: r["lr"] for r in s["rows"]}
-    rates = markdown(
-        ["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
-        [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
-         for label, losses in s["lr_valid_loss"].items()])
+    rates = markdown(["model", *(f"valid loss, lr {lr:g}" for lr in s["lrs"]), "chosen lr"],
+                     [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
+                      for label, losses in s["lr_valid_loss"].items()])
     thresholds = markdown(
         ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
                             for t in s["thresholds"])],
@@ -1961,13 +1932,14 @@ def markdown_table(name):
 # ----------------------------------------------------------------------------------------
 # Figure 2 at the paper's budget: the pilot's choice and the 64-epoch runs, epoch by epoch
 
+PILOT_TIE = 0.01                               # validation accuracies this close tie (pilot_choice)
+EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)    # the epochs epochs_table shows
+
+
 def epoch_scores(record, key):
     """{epoch: score} of a run that evaluates after every epoch (--preset=figure2)."""
     c = Config(**record["config"])
     return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
-
-
-PILOT_TIE = 0.01
 
 
 def pilot_choice(records):
@@ -2001,9 +1973,6 @@ def pilot_table(name="fig2_pilot"):
              else "", f"{r['train_time_s']:.0f}"] for r in sorted(records, key=key)]
     return markdown(["model", "d", "lr", "valid accuracy after each epoch", "valid acc",
                      "valid loss", "test acc", "ended", "chosen", "training s"], rows)
-
-
-EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)
 
 
 def epochs_table(name="fig2_epochs"):
@@ -2052,7 +2021,6 @@ def plot_epochs(name="fig2_epochs"):
 
 # ----------------------------------------------------------------------------------------
 # learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
-
 
 PASS = 0.9                                   # a run "solves" the cell above this test accuracy
 
@@ -2128,6 +2096,7 @@ LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4
                  eval_probe=0, target_acc=1.0, save_model=True, out_dir="results/lm")
 LM_LRS = (1e-3, 3e-3, 1e-2)        # each model's rate: the least validation loss of these
 LM_SEEDS = (0, 1)                  # the first chooses the rate, every one trains at it
+APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4P <= seq_len)
 
 
 @torch.no_grad()
@@ -2155,9 +2124,6 @@ def trained_model(config):
         model = LanguageModel(config)
     model.load_state_dict(torch.load(path.with_suffix(".pt"), map_location="cpu"))
     return model, record
-
-
-APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4P <= seq_len)
 
 
 def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
@@ -2188,8 +2154,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     def config(label, lr, seed):          # a stack of mixers repeats over the layers
         stack = itertools.islice(itertools.cycle(LM_MODELS[label].split(",")),
                                  settings["n_layers"])
-        return make_config(**{**settings, "label": label, "mixer": ",".join(stack), "lr": lr,
-                              "seed": seed})
+        return make_config(**dict(settings, label=label, mixer=",".join(stack), lr=lr, seed=seed))
 
     valid_loss = {}
     for label, lr in tqdm([(label, lr) for label in LM_MODELS for lr in lrs],
@@ -2218,6 +2183,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
                             desc="language models", unit="model"):
         model, record = trained_model(config(label, chosen[label], seed))
         nll[label, seed] = token_nll(model, x_test, y_test)
+        model.eval()                      # for appendix_g below (token_nll ends in train mode)
         rows.append(dict(
             label=label, seed=seed, lr=chosen[label], mixer=record["config"]["mixer"],
             n_params=record["n_params"], steps=record["steps"],
@@ -2227,8 +2193,9 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
             **sliced_perplexity(nll[label, seed], hits[threshold]),
             ppl_ar_by_threshold=[sliced_perplexity(nll[label, seed], hits[t])["ppl_ar"]
                                  for t in thresholds],
-            appendix_g=appendix_g(our_logits_fn(model), torch.arange(2, len(vocabulary)), 2,
-                                  pairs, g_samples, any_run.seq_len, batch_size=50)))
+            appendix_g=appendix_g(lambda ids: model.logits(model(ids)),
+                                  torch.arange(2, len(vocabulary)), 2, pairs, g_samples,
+                                  any_run.seq_len, batch_size=50)))
     for row in rows:
         reference = nll.get(("attention", row["seed"]))
         row["ar_share"] = (math.nan if reference is None or row["label"] == "attention" else
@@ -2250,19 +2217,16 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     plot_lm_curves(rows, summary["tokens_per_step"], curves_path, budget)
     plot_appendix_g({LM_LABELS.get(r["label"], r["label"]): r["appendix_g"]
                      for r in rows if r["seed"] == seeds[0]}, g_path,
-                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, "
-                    f"seed {seeds[0]})")
+                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, seed {seeds[0]})")
     return summary
 
 
 def lm_outputs(out_dir):
-    """The files an LM experiment with records in `out_dir` writes beside that folder: its
-    summary (JSON), the sliced perplexities, the validation curves and the appendix G
-    curves (PNG)."""
+    """What an LM experiment with records in `out_dir` writes beside that folder: its summary
+    (JSON), the sliced perplexities, the validation curves and the appendix G curves (PNG)."""
     folder = Path(out_dir)
-    return (folder.with_name(folder.name + ".json"), folder.with_name(folder.name + ".png"),
-            folder.with_name(folder.name + "_curves.png"),
-            folder.with_name(folder.name + "_appendix_g.png"))
+    return tuple(folder.with_name(folder.name + end)
+                 for end in (".json", ".png", "_curves.png", "_appendix_g.png"))
 
 
 def strict_json(summary):
@@ -2365,12 +2329,6 @@ def appendix_g(logits_fn, token_ids, filler_id, num_pairs=APPENDIX_G_PAIRS, num_
     return rows
 
 
-def our_logits_fn(model):
-    """A LanguageModel of this file as appendix_g's logits_fn (in eval mode)."""
-    model.eval()
-    return lambda ids: model.logits(model(ids))
-
-
 def hf_causal_lm(name_or_path):
     """A Hugging Face causal LM from a local folder or a hub name, as (logits_fn, token ids,
     filler id): the token ids are the vocabulary minus the special tokens the config names,
@@ -2398,8 +2356,7 @@ def plot_appendix_g(curves, path, title):
                 label=f"{label}, AR")
         ax.plot(P, [r["ppl_filler"] for r in rows], marker="x", ls="--", color=model_color(label),
                 label=f"{label}, filler")
-    ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity",
-           title=title)
+    ax.set(xscale="log", yscale="log", xlabel="key-value pairs P", ylabel="perplexity", title=title)
     ax.set_xticks(P, [str(p) for p in P])
     ax.set_xticks([], minor=True)                      # no 3 x 10^0 between the P ticks
     ax.legend(fontsize=6)
@@ -2417,13 +2374,9 @@ def summarize(records):
     def spread(values, finished):
         ranked = sorted(zip([not f for f in finished], values))   # unfinished runs last
         n = len(ranked)
-        def show(i):
-            unfinished, value = ranked[i]
-            return f"> {value:g}" if unfinished else f"{value:g}"
-        if n % 2 or ranked[n // 2][0]:
-            median = show(n // 2)
-        else:
-            median = f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}"
+        show = lambda i: ("> " if ranked[i][0] else "") + f"{ranked[i][1]:g}"
+        median = (show(n // 2) if n % 2 or ranked[n // 2][0]     # odd n, or a middle one unfinished
+                  else f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}")
         return f"median {median} (min {show(0)}, max {show(n - 1)})"
     finished = [r["ended"] == "target_reached" for r in records]
     return (f"{sum(finished)}/{len(records)} runs passed validation accuracy "
@@ -2484,11 +2437,9 @@ def table_command(flags, rest):
 def plot_command(flags, rest):
     """--plot=NAME: print a sweep's table and draw its figures (plot_sweep), or a folder's
     (fig2_epochs, fig2_lr)."""
-    name = flags["--plot"]
-    if name in ("fig2_epochs", "fig2_lr"):
-        table, plot = {"fig2_epochs": (epochs_table, plot_epochs),
-                       "fig2_lr": (lr_table, plot_lr)}[name]
-        print(f"{table()}\nwrote {plot()}")
+    name, plots = flags["--plot"], {"fig2_epochs": plot_epochs, "fig2_lr": plot_lr}
+    if name in plots:                                # its table is in FOLDER_TABLES
+        print(f"{FOLDER_TABLES[name](name)}\nwrote {plots[name](name)}")
         return
     _, paths = plot_sweep(name)
     print(cells_table(name))
@@ -2508,10 +2459,9 @@ def submit_command(flags, rest):
 def sweep_command(flags, rest):
     """--sweep=NAME [--scale=...] [--dry_run] [--workers=K], or no arguments: the main job
     (the sweep "main", every run trained again)."""
-    workers = _positive_flag(flags, "workers", 1)
     name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
     records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume="--sweep" in flags,
-                        workers=workers)
+                        workers=_positive_flag(flags, "workers", 1))
     if records:
         print(cells_table(name) if name in PLOT_AXES else runs_table(records, name))
     if records and name == "main":
@@ -2553,8 +2503,7 @@ def lm_command(flags, rest):
     if threshold is not None and threshold < 0:
         raise ValueError(f"--ar_threshold={threshold} is not allowed: it must be an "
                          "integer >= 0 (training occurrences of an AR hit's bigram)")
-    samples = _positive_flag(flags, "samples", 1000)
-    summary = run_lm_experiment(overrides, threshold, samples)
+    summary = run_lm_experiment(overrides, threshold, _positive_flag(flags, "samples", 1000))
     titles = {"": f"held-out perplexity on {summary['corpus']}, AR hits at threshold "
                   f"{summary['threshold']:,} ({summary['train_tokens']:,} training tokens)",
               "thresholds": "AR perplexity by the threshold of an AR hit",
