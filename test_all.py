@@ -2645,13 +2645,24 @@ def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
 
 
 def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
+    """Each figure's legend names every model, also one missing from the last panel (h3
+    here has no run at N = 64)."""
     monkeypatch.chdir(tmp_path)
-    base = dict(seq_len=32, num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
-    for i, (mixer, d) in enumerate([("attention", 32), ("attention", 64), ("h3", 32)]):
-        r = fake_record(3e-3, 0, 0.3 + 0.1 * i, 0.3, mixer=mixer, d_model=d, label=mixer, **base)
+    base = dict(num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
+    for i, (mixer, d, N) in enumerate([("attention", 32, 32), ("attention", 64, 32),
+                                       ("h3", 32, 32), ("attention", 32, 64),
+                                       ("attention", 64, 64)]):
+        r = fake_record(3e-3, 0, 0.3 + 0.1 * i, 0.3, mixer=mixer, d_model=d, label=mixer,
+                        seq_len=N, **base)
         train.save_record(r, train.record_path(train.Config(**r["config"])))
+    figures, save = [], train.save_figure
+    monkeypatch.setattr(train, "save_figure", lambda fig, path: figures.append(fig) or
+                        save(fig, path))
     _, paths = train.plot_sweep("fig2")
     assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True, True]
+    for fig in figures[:2]:                                  # accuracy, and against state
+        legend = fig.axes[-1].get_legend()                   # the last panel's
+        assert [t.get_text() for t in legend.get_texts()] == ["attention", "h3"]
 
 
 @pytest.mark.parametrize("mixer", list(MIXERS))
