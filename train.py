@@ -1737,7 +1737,7 @@ def plot_sweep(name):
     fig.suptitle(f"{name}, {budget}\nmean and 95% interval over seeds{paper}", fontsize=9)
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     if not single:                               # one legend for every panel's models
-        handles = {l: h for ax in axes[0] for h, l in zip(*ax.get_legend_handles_labels())}
+        handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
         axes[0][-1].legend([handles[label] for label in labels], labels, fontsize=7,
                            loc="upper left", bbox_to_anchor=(1.01, 1))
     save_figure(fig, f"results/{name}.png")
