@@ -644,7 +644,8 @@ def test_initial_values_are_the_ones_the_papers_fix():
     change of any of them trains another model and no formula test would see it)."""
     m = mixers.Mamba(64, 32, d_state=16)                        # Mamba (Gu & Dao, §3.6)
     n = torch.arange(1, 17.0)
-    assert torch.equal(m.A_log, torch.log(n).repeat(128, 1)) and torch.equal(m.skip, torch.ones(128))
+    assert torch.equal(m.A_log, torch.log(n).repeat(128, 1))
+    assert torch.equal(m.skip, torch.ones(128))
     dt = F.softplus(m.dt_bias)
     assert 1e-3 <= dt.min() < 2e-3 and 0.05 < dt.max() <= 0.1       # log-uniform in [1e-3, 1e-1]
     r = m.dt_proj.in_features
@@ -671,9 +672,11 @@ def test_initial_values_are_the_ones_the_papers_fix():
     assert gdn.A_log.exp().max() <= 16 and 1e-3 <= F.softplus(gdn.dt_bias).min()
     r7 = mixers.RWKV7(8, 32, num_heads=2)                       # fla's first layer
     n = torch.arange(8.0)
-    assert torch.allclose(r7.mix[0], 1 - (n / 8) ** 0.2) and torch.allclose(r7.mix[1], 1 - (n / 8) ** 0.9)
+    assert torch.allclose(r7.mix[0], 1 - (n / 8) ** 0.2)
+    assert torch.allclose(r7.mix[1], 1 - (n / 8) ** 0.9)
     assert torch.allclose(r7.k_k, 0.71 - 0.1 * (n / 7 - 0.5)) and torch.all(r7.k_a == 1.02)
-    zigzag = torch.tensor([-1.0, -1 / 9, 1 / 9, 1.0]).repeat(2)    # ((n mod 4) - 1.5) / 1.5, signed square
+    # ((n mod 4) - 1.5) / 1.5, signed square
+    zigzag = torch.tensor([-1.0, -1 / 9, 1 / 9, 1.0]).repeat(2)
     assert torch.allclose(r7.w_lora.up.bias, -6 + 6 * n / 7 + 0.5 + 2.5 * zigzag)
     assert torch.allclose(r7.k_proj.weight @ r7.k_proj.weight.T, 0.01 * torch.eye(8), atol=1e-6)
 
@@ -1205,7 +1208,8 @@ def recurrence(name, T, seed=0):
         w, u, k, v = r(4).exp(), r(4), 3 * r(2, T, 4), r(2, T, 4)
         return mixers.WKV_IMPLS, lambda f, t, **kw: f(w, u, k[:, t], v[:, t], **kw)
     if name == "retention":
-        gamma = 1 - 2.0 ** (-5 - torch.arange(3, dtype=F64)) - 0.2 * torch.rand(3, generator=g, dtype=F64)
+        gamma = (1 - 2.0 ** (-5 - torch.arange(3, dtype=F64))
+                 - 0.2 * torch.rand(3, generator=g, dtype=F64))
         q, k, v = r(2, 3, T, 5), r(2, 3, T, 5), r(2, 3, T, 4)
         return mixers.RETENTION_IMPLS, lambda f, t, **kw: f(q[:, :, t], k[:, :, t], v[:, :, t],
                                                             gamma, **kw)
@@ -1323,7 +1327,8 @@ def test_wkv_survives_keys_that_overflow_exp():
             tol = 1e-10 if dtype == F64 else 1e-3
             assert torch.allclose(got.double(), want, atol=tol, rtol=tol)
     wild = 1000 * torch.randn(B, T, d, dtype=F64)                              # spread ±3000
-    ref, fast = mixers.wkv_reference(w, u, wild, v)[0], mixers.wkv_chunked(w, u, wild, v, chunk_size=8)[0]
+    ref = mixers.wkv_reference(w, u, wild, v)[0]
+    fast = mixers.wkv_chunked(w, u, wild, v, chunk_size=8)[0]
     assert torch.isfinite(ref).all() and torch.allclose(fast, ref, atol=1e-10, rtol=1e-10)
     # with keys this spread each row is (nearly) the v of its largest-score position
     assert torch.allclose(ref[:, 0], v[:, 0])
@@ -1718,7 +1723,7 @@ def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
     kk = kk / kk.norm(dim=-1, keepdim=True)
     k = k * (1 + (a - 1) * m.k_a)
     o, _ = dplr_recurrence(heads(r) * 2, heads(k), heads(v), -kk, kk * heads(a), heads(log_w))
-    o = o.transpose(1, 2).reshape(2, T, d)                                   # (dh = 4: × 2 undoes the scale)
+    o = o.transpose(1, 2).reshape(2, T, d)                # (dh = 4: × 2 undoes the scale)
     o = torch.nn.functional.group_norm(o.reshape(2 * T, d), H, m.norm.weight, m.norm.bias,
                                        4e-5).view(2, T, d)
     bonus = (heads(r) * heads(k) * m.r_k[:, None]).sum(-1, keepdim=True) * heads(v)
@@ -2157,8 +2162,8 @@ def test_a_results_folder_holds_one_record_per_run(tmp_path):
     train.save_record(record, path)
     assert len(train.load_records(tmp_path)) == 1
     (tmp_path / "copy.json").write_text(path.read_text())
-    with pytest.raises(ValueError, match=rf"{re.escape(path.name)} and .*copy\.json are records of the "
-                                         "same run"):
+    with pytest.raises(ValueError, match=rf"{re.escape(path.name)} and .*copy\.json are records "
+                                         "of the same run"):
         train.load_records(tmp_path)
     (tmp_path / "copy.json").unlink()
     record["config"]["lr"] = 1e-3
@@ -2330,7 +2335,8 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
 
 @pytest.mark.parametrize("args,message", [
     (["--sweep=main", "--launcher=slurm", "--dry_run"], "--dry_run is not allowed with --launcher"),
-    (["--sweep=main", "--launcher=slurm", "--workers=2"], "--workers is not allowed with --launcher"),
+    (["--sweep=main", "--launcher=slurm", "--workers=2"],
+     "--workers is not allowed with --launcher"),
     (["--sweep=main", "--partition=gpu"], "--partition is not allowed without --launcher=slurm"),
     (["--sweep=main", "--launcher=pbs"], "launcher='pbs' is not allowed"),
     (["--sweep=main", "--launcher=slurm", "--parallel=-1"], "--parallel=-1 is not allowed"),
@@ -2483,7 +2489,8 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     cells = row.strip("| ").split(" | ")
     assert cells[3:] == ["10", "max_steps", ".060 .120 .240 .480 – – – –", ".600", ".800",
                          "0.92", "2.0"]
-    assert train.main(["--plot=fig2_epochs"]) == 0 and (tmp_path / "results/fig2_epochs.png").exists()
+    assert train.main(["--plot=fig2_epochs"]) == 0
+    assert (tmp_path / "results/fig2_epochs.png").exists()
 
 
 @pytest.mark.parametrize("mixer", ["sliding_window:window=3", "blocked_attention:block_size=4",
@@ -2988,7 +2995,8 @@ def test_optimizer_decays_what_the_recipe_says():
     m = train.LanguageModel(small_config())
     groups = train.make_optimizer(m, small_config(decay_all=True, beta2=0.95)).param_groups
     assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
-    assert groups[0]["betas"] == (0.9, 0.95) and len(groups[0]["params"]) == len(list(m.parameters()))
+    assert groups[0]["betas"] == (0.9, 0.95)
+    assert len(groups[0]["params"]) == len(list(m.parameters()))
     groups = train.make_optimizer(m, small_config(weight_decay=0.05, lr=2e-3)).param_groups
     assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0
     assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[0]["betas"] == (0.9, 0.999)
@@ -3536,7 +3544,8 @@ THEORY_CASES = [(check, {}) for check in th.CHECKS] + [      # the table's sizes
     (th.check_hyena, dict(d_model=6, T=13, orders=(3,), seq_len=24)),
     (th.check_h3, dict(d_model=8, T=12, head_dims=(4,), d_state=4, shift_size=3)),
     (th.check_h3, dict(d_model=6, T=10, head_dims=(3,), d_state=4, shift_size=5)),
-    (th.check_retnet, dict(d_model=12, T=10, num_heads=3)), (th.check_retnet, dict(d_model=4, num_heads=1)),
+    (th.check_retnet, dict(d_model=12, T=10, num_heads=3)),
+    (th.check_retnet, dict(d_model=4, num_heads=1)),
     (th.check_rwkv, dict(d_model=6, T=13)), (th.check_rwkv, dict(d_model=4, T=1)),
     (th.check_index, dict(sizes=((1, 3, False), (2, 2, False), (2, 3, True), (3, 2, False),
                                  (3, 4, True), (3, 8, True)))),
@@ -3636,7 +3645,8 @@ def test_readme_main_command_solves_mqar(tmp_path):
     and the Makefile's targets run train.py and the test suite in the venv it sets up. This
     runs what `make run` runs, `python train.py`, in this interpreter (in a scratch folder,
     so that its results land there), and checks that attention solved MQAR and the gated
-    convolution did not: real training runs. (`bash .ci/run` on a clean clone runs the set-up itself.)"""
+    convolution did not: real training runs. (`bash .ci/run` on a clean clone runs the set-up
+    itself.)"""
     commands = [line.strip() for block in readme_blocks("bash") for line in block.splitlines()]
     assert commands[:2] == ["make run", "make test"], commands
     makefile = (REPO / "Makefile").read_text()
