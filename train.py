@@ -54,6 +54,7 @@ unfinished one continues exactly from its last checkpoint (train).
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
 """
+import collections
 import contextlib
 import dataclasses
 import difflib
@@ -1797,7 +1798,7 @@ def steps_text(records):
     steps = sorted(r["steps"] for r in records)
     span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
     ends = [ENDED[r["ended"]] for r in records]
-    counts = {e: ends.count(e) for e in ends}                # in order of first appearance
+    counts = collections.Counter(ends)                       # in order of first appearance
     why = ends[0] if len(counts) == 1 else ", ".join(f"{n} {e}" for e, n in counts.items())
     return f"{span} ({why})"
 
