@@ -2344,14 +2344,17 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--workers=2"], "--launcher and --workers are not allowed without --sweep"),
     (["--sweep=main", "--workers=0"], "--workers=0 is not allowed"),
     (["--hf=gpt2", "--samples=0"], "--samples=0 is not allowed"),
-    (["--task=lm", "--samples=-3"], "--samples=-3 is not allowed"),
+    (["--lm", "--samples=-3"], "--samples=-3 is not allowed"),
     (["--seeds=two"], "--seeds='two' is not allowed"), (["--seeds=0"], "--seeds=0 is not allowed"),
     (["--dry_run"], "--dry_run and --scale are not allowed without --sweep"),
     (["--scale=paper", "--mixer=h3"], "--dry_run and --scale are not allowed without --sweep"),
-    (["--task=lm", "--ar_threshold=-1"], "--ar_threshold=-1 is not allowed"),
-    (["--task=lm", "--seeds=3"], "--seeds is not allowed with --task=lm"),
-    (["--task=lm", "--bench"], "--bench is not allowed with --task=lm"),
-    (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold is not allowed without --task=lm")])
+    (["--lm", "--ar_threshold=-1"], "--ar_threshold=-1 is not allowed"),
+    (["--lm", "--seeds=3"], "--seeds is not allowed with --lm"),
+    (["--lm", "--bench"], "--bench is not allowed with --lm"),
+    (["--lm", "--task=mqar"], "--task is not allowed with --lm"),
+    (["--lm", "--sweep=fig2"], "--lm is not allowed with --sweep"),
+    (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold and --samples are not allowed without"),
+    (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without")])
 def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
         args, message, capsys, monkeypatch):
     """Exit status 2 and the message, before anything trains."""
@@ -2367,7 +2370,8 @@ COMMAND_FUNCTIONS = ("table_command", "plot_command", "submit_command", "sweep_c
     ([], "sweep_command"), (["--sweep=fig2", "--dry_run"], "sweep_command"),
     (["--table=main"], "table_command"), (["--plot=fig2"], "plot_command"),
     (["--sweep=fig2", "--launcher=slurm"], "submit_command"), (["--hf=gpt2"], "hf_command"),
-    (["--task=lm", "--max_steps=4"], "lm_command"), (["--mixer=h3"], "run_command"),
+    (["--lm", "--max_steps=4"], "lm_command"), (["--mixer=h3"], "run_command"),
+    (["--task=lm", "--mixer=h3"], "run_command"),
     (["--bench"], "run_command"), (["--seeds=3", "--lr=1e-3"], "run_command")])
 def test_main_hands_each_command_to_its_own_function(args, chosen, monkeypatch):
     """main dispatches: exactly one command function runs, with the flags and the
@@ -3252,10 +3256,10 @@ def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes
     assert {(r["lr"], r["seed"], r["steps"]) for r in short["rows"]} == {(1e-3, 5, 2)}
     assert all(math.isnan(r["valid_loss"]) and r["curve"] == [] for r in short["rows"])
     assert all(p.exists() for p in train.lm_outputs("results/lm_short"))
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm", "--mixer=h3"],
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--lm", "--mixer=h3"],
                          capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 2 and "--mixer is not allowed with --task=lm" in out.stderr
-    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--task=lm",
+    assert out.returncode == 2 and "--mixer is not allowed with --lm" in out.stderr
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--lm",
                           f"--corpus={tmp_path / 'missing'}"], capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 2 and "missing' is not allowed: no such file or folder" in out.stderr

@@ -34,7 +34,7 @@ Usage:
                                       results/fig2_state.png
   python train.py --table=fig2        the README's Markdown table of results/fig2 (a sweep,
                                       a folder of runs or an LM experiment: markdown_table)
-  python train.py --task=lm [--corpus=PATH]   Section 3.1 on real text: tiny language
+  python train.py --lm [--corpus=PATH]   Section 3.1 on real text: tiny language
                                       models, each at the rate of least validation loss,
                                       two seeds, their held-out perplexity sliced by AR
                                       hits (results/lm.json, lm.png, lm_curves.png,
@@ -2099,7 +2099,7 @@ LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4
                  eval_probe=0, target_acc=1.0, save_model=True, out_dir="results/lm")
 LM_LRS = (1e-3, 3e-3, 1e-2)        # each model's rate: the least validation loss of these
 LM_SEEDS = (0, 1)                  # the first chooses the rate, every one trains at it
-APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --task=lm (4P <= seq_len)
+APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --lm (4P <= seq_len)
 
 
 @torch.no_grad()
@@ -2220,7 +2220,7 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     plot_lm_curves(rows, summary["tokens_per_step"], curves_path, budget)
     plot_appendix_g({LM_LABELS.get(r["label"], r["label"]): r["appendix_g"]
                      for r in rows if r["seed"] == seeds[0]}, g_path,
-                    f"appendix G on the LMs of --task=lm (N = {any_run.seq_len}, seed {seeds[0]})")
+                    f"appendix G on the LMs of --lm (N = {any_run.seq_len}, seed {seeds[0]})")
     return summary
 
 
@@ -2419,7 +2419,7 @@ def plot_curves(records, path):
 
 COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers", "--launcher",
             "--partition", "--time_min", "--gpus_per_run", "--cpus_per_run", "--parallel",
-            "--plot", "--table", "--ar_threshold", "--hf", "--samples")
+            "--plot", "--table", "--lm", "--ar_threshold", "--hf", "--samples")
 LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int,
                     "--cpus_per_run": int, "--parallel": int}      # submit_sweep's, by flag
 
@@ -2490,15 +2490,17 @@ def hf_command(flags, rest):
 
 
 def lm_command(flags, rest):
-    """--task=lm [--key=value ...] [--ar_threshold=N] [--samples=N]: the language-model
-    experiment (run_lm_experiment), its tables printed."""
+    """--lm [--key=value ...] [--ar_threshold=N] [--samples=N]: the language-model
+    experiment (run_lm_experiment), its tables printed. (One language model of a mixer of
+    your choice is one run: --task=lm --mixer=NAME ...)"""
     overrides = parse_arguments(rest)
-    if "mixer" in overrides:
-        raise ValueError("--mixer is not allowed with --task=lm: the experiment "
-                         f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})")
+    for key, why in (("mixer", f"trains every model of LM_MODELS ({', '.join(LM_MODELS)})"),
+                     ("task", "trains language models (task='lm')")):
+        if key in overrides:
+            raise ValueError(f"--{key} is not allowed with --lm: the experiment {why}")
     for flag in ("--seeds", "--bench"):
         if flag in flags:
-            raise ValueError(f"{flag} is not allowed with --task=lm: the experiment "
+            raise ValueError(f"{flag} is not allowed with --lm: the experiment "
                              "trains every model of LM_MODELS with LM_RECIPE at the "
                              "seeds of LM_SEEDS (--seed=N: one seed)")
     threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
@@ -2523,9 +2525,10 @@ def run_command(flags, rest):
     """--key=value ... [--seeds=N] [--bench]: one run (or N seeds of it, then a summary
     line), or the training-step benchmark of its model. Returns the exit status."""
     n_seeds = _positive_flag(flags, "seeds", 1)
-    if "--ar_threshold" in flags:
-        raise ValueError("--ar_threshold is not allowed without --task=lm: it sets the "
-                         "AR hits of the language-model experiment")
+    if "--ar_threshold" in flags or "--samples" in flags:
+        raise ValueError("--ar_threshold and --samples are not allowed without --lm (and "
+                         "--samples without --hf): they set the language-model experiment's "
+                         "AR hits and appendix G samples")
     config = make_config(**parse_arguments(rest))
     if "--bench" in flags:
         bench(config)
@@ -2569,6 +2572,9 @@ def check_flags(flags, rest):
     if "--sweep" not in flags and ("--dry_run" in flags or "--scale" in flags):
         raise ValueError("--dry_run and --scale are not allowed without --sweep: they say "
                          "how a sweep runs")
+    other = [f for f in ("--sweep", "--plot", "--table", "--hf") if f in flags]
+    if "--lm" in flags and other:
+        raise ValueError(f"--lm is not allowed with {other[0]}: each is a command of its own")
     if "--dry_run" in flags and "--workers" in flags:
         raise ValueError("--workers is not allowed with --dry_run: --dry_run runs nothing, "
                          "it prints the runs' command lines")
@@ -2586,14 +2592,14 @@ def command(flags, rest):
         return sweep_command
     if "--hf" in flags:
         return hf_command
-    if "--task=lm" in rest:
+    if "--lm" in flags:
         return lm_command
     return run_command
 
 
 def main(argv):
     """The command line: the main job (no arguments), one run (--key=value ...), --seeds=N
-    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --table=NAME, --task=lm,
+    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --table=NAME, --lm,
     --hf=NAME, --bench; each a function above. Returns the exit status: 2 for a bad
     argument, 1 for a failed run of a sweep, 130 for Ctrl-C."""
     if "-h" in argv or "--help" in argv:
