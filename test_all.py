@@ -3698,6 +3698,16 @@ def test_readme_python_snippets_run():
         exec(compile(code, "README.md", "exec"), {})
 
 
+def test_readme_copy_list_for_attention_matches_its_docstring():
+    """The README's list of what to copy for attention names what Attention's "To copy:"
+    line names (test_a_mixer_copied_as_its_docstring_says_runs_as_the_module_does)."""
+    listed = re.search(r"For attention:\n\n((?:[- ] .*\n)+)", (REPO / "README.md").read_text())
+    assert listed, "the README lists what to copy for attention"
+    definitions, _, _ = mixers_top_level()
+    assert (set(re.findall(r"`(\w+)`", listed.group(1))) ==
+            copy_line_names(mixers.Attention, definitions))
+
+
 def test_readme_main_command_solves_mqar(tmp_path):
     """The README's two commands are `make run` and `make test`, .ci/run runs `make test`,
     and the Makefile's targets run train.py and the test suite in the venv it sets up. This
