@@ -285,8 +285,10 @@ class Attention(Mixer):
     The state of `step` is the KV cache: 2·t·d numbers after t tokens (and with short_conv
     the last K - 1 inputs).
     Subclasses narrow what a token sees by overriding `impls`, `form_args` and `cache_len`.
-    To copy: this class, attention_fast, attention_reference, causal_mask, rotary,
-    ShortConv (for the short convolution option) and Mixer.
+    To copy: this class, ATTENTION_IMPLS (attention_fast, attention_reference), causal_mask,
+    rotary, Mixer, check_choice, check_divides, check_positive and, for the short convolution
+    option, ShortConv with Convolution, ExplicitFilter and causal_conv with CONV_IMPLS
+    (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER).
     """
 
     uses_positions = True               # a set of keys under a mask: no order of its own
@@ -372,8 +374,8 @@ class SlidingWindowAttention(Attention):
     W >= T is exactly causal attention (the fast form then calls attention_fast).
     `step` keeps the W-1 most recent keys and values, all a later token can see:
     state 2·min(t, W-1)·d numbers, constant in t once t >= W-1.
-    To copy: this class, Attention, sliding_window_fast,
-    sliding_window_reference and sliding_window_mask.
+    To copy: this class, SLIDING_WINDOW_IMPLS (sliding_window_fast, sliding_window_reference),
+    sliding_window_mask and Attention with what its line names.
     """
 
     impls = SLIDING_WINDOW_IMPLS
@@ -394,8 +396,8 @@ class BlockedAttention(Attention):
     `step` keeps the keys and values of the current block only: after t tokens that is
     t mod b of them (state 2·(t mod b)·d numbers; empty right after a block fills up,
     since the next token opens a new block).
-    To copy: this class, Attention, blocked_attention_fast,
-    blocked_attention_reference and block_mask.
+    To copy: this class, BLOCKED_ATTENTION_IMPLS (blocked_attention_fast,
+    blocked_attention_reference), block_mask and Attention with what its line names.
     """
 
     impls = BLOCKED_ATTENTION_IMPLS
@@ -627,8 +629,9 @@ class ShortConv(Convolution):
     """Depthwise causal convolution with a short explicit filter, K = 3 by default.
 
     The official ShortConvolution (an nn.Conv1d) also adds a per-channel bias; we do not.
-    To copy: this class, Convolution, ExplicitFilter, causal_conv (with the forms in
-    CONV_IMPLS) and Mixer.
+    To copy: this class, Convolution, ExplicitFilter, causal_conv with CONV_IMPLS
+    (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice
+    and check_positive.
     """
 
     def __init__(self, d_model, seq_len, kernel_size=3, impl="fast"):
@@ -645,8 +648,10 @@ class LongConv(Convolution):
     seq_len are convolved with the filter as it is (zero past seq_len taps).
     `step` keeps the input history, state min(t, seq_len-1)·d = t·d for t < seq_len: a
     generic long filter has no smaller state.
-    To copy: this class, Convolution, the filter it names in FILTERS, causal_conv (with
-    the forms in CONV_IMPLS) and Mixer.
+    To copy: this class, Convolution, FILTERS (ExplicitFilter, ImplicitFilter and MLPFilter,
+    with positional_features, exponential_decay and OFFICIAL_FREQUENCIES), causal_conv with
+    CONV_IMPLS (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer,
+    check_choice and check_positive.
     """
 
     def __init__(self, d_model, seq_len, filter="explicit", impl="fast"):
@@ -687,8 +692,10 @@ class BaseConv(Mixer):
     inputs are limited to seq_len. The filter is explicit, h (d, K), as in the definition.
     kernel_size: None (or seq_len) for a filter as long as the sequence, 3 for a short one.
     `step` keeps the last K-1 inputs and the position: min(t, K-1)·d + 1 numbers.
-    To copy: this class, base_conv, ExplicitFilter, causal_conv (with the forms in
-    CONV_IMPLS) and Mixer. The layer Figure 2 trained is OfficialBaseConv (form="official").
+    To copy: this class, base_conv, ExplicitFilter, causal_conv with CONV_IMPLS
+    (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice
+    and check_positive.
+    The layer Figure 2 trained is OfficialBaseConv (form="official").
     """
 
     def __init__(self, d_model, seq_len, kernel_size=None, impl="fast"):
@@ -739,6 +746,10 @@ class OfficialBaseConv(Mixer):
     filter: None picks the official one ("explicit" for a short filter, "mlp" for a long
     one); any key of FILTERS may be given.
     `step` keeps the last K-1 inputs: min(t, K-1)·d numbers.
+    To copy: this class, conv1d_init_, FILTERS (ExplicitFilter, ImplicitFilter and MLPFilter,
+    with positional_features, exponential_decay and OFFICIAL_FREQUENCIES), causal_conv with
+    CONV_IMPLS (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer,
+    check_choice and check_positive.
     """
 
     def __init__(self, d_model, seq_len, kernel_size=None, filter=None, impl="fast"):
@@ -801,8 +812,9 @@ class Hyena(Mixer):
     projection. `step` keeps the last K_short-1 projected inputs and the history of each
     long convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers.
     To copy: this class, hyena_operator, ImplicitFilter (with positional_features and
-    exponential_decay), ExplicitFilter, causal_conv (with the forms in CONV_IMPLS) and
-    Mixer. The layer Figure 2 trained is OfficialHyena (form="official").
+    exponential_decay), ExplicitFilter, causal_conv with CONV_IMPLS (causal_conv_direct,
+    causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice and check_positive.
+    The layer Figure 2 trained is OfficialHyena (form="official").
     """
 
     def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
@@ -861,6 +873,10 @@ class OfficialHyena(Mixer):
     bias ~ N(0, 1) per channel and h the official filter (OfficialImplicitFilter). Its
     "order 2" counts the gates; Algorithm 3's L counts convolutions: only order=2.
     `step`'s state: min(t, K_short-1)·3·d + min(t, seq_len-1)·d numbers.
+    To copy: this class, hyena_official_operator, OfficialImplicitFilter (with ImplicitFilter,
+    positional_features, exponential_decay and OFFICIAL_FREQUENCIES), ExplicitFilter,
+    conv1d_init_, causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft,
+    causal_conv_fast, SHORT_FILTER), Mixer, check_choice and check_positive.
     """
 
     def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
@@ -975,9 +991,11 @@ class H3(Mixer):
     Fast form: the SSM's kernel through the FFT convolution; reference: the direct sum.
     `step` runs both SSMs as recurrences: the state is the shift SSM's last inputs,
     min(t, shift_size-1)·d numbers, and the diagonal SSM's (d/head_dim)·head_dim²·d_state.
-    To copy: this class, diagonal_ssm_kernel, diagonal_ssm_step, ssm_discretize, exp_complex,
-    ExplicitFilter, causal_conv (with the forms in CONV_IMPLS) and Mixer. The layer Figure 2
-    trained is OfficialH3 (form="official").
+    To copy: this class, diagonal_ssm_kernel, diagonal_ssm_step, ssm_discretize (with
+    SSM_DISCRETIZATIONS), exp_complex, ExplicitFilter, causal_conv with CONV_IMPLS
+    (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice,
+    check_divides and check_positive.
+    The layer Figure 2 trained is OfficialH3 (form="official").
     """
 
     rescale_out_proj = False   # the official output_linear escapes its _init_weights' rescale
@@ -1068,6 +1086,7 @@ class OfficialH3(H3):
     shift SSM's, starting at e_0, and the diagonal SSM's, starting at 1), which only
     reparametrises the same kernels; its output channels come in (j, head) order, a
     permutation that the output projection absorbs.
+    To copy: this class, conv1d_init_ and H3 with what its line names.
     """
 
     discretization = "bilinear"
@@ -1227,9 +1246,9 @@ class RWKV(Mixer):
     w_log = -5 + 8·r_i^0.7, u = log 0.3, μ = r_i, r_i = i/(d-1).
     No channel-mixing block (the blocks of train.py hold the MLP, if any).
     State of `step`: (a, b, p) of wkv and the previous input: 4·d numbers at every t.
-    To copy: this class, wkv_chunked and wkv_step (with _merge, _empty, _add_term,
-    _pad_to_chunks, _at_least_float32) and Mixer. The layer Figure 2 trained is
-    OfficialRWKV (form="official"), which starts from other values.
+    To copy: this class, WKV_IMPLS (wkv_chunked, wkv_reference), wkv_step (with _merge, _empty,
+    _add_term, _pad_to_chunks), _at_least_float32, Mixer, check_choice and check_positive.
+    The layer Figure 2 trained is OfficialRWKV (form="official"), which starts from other values.
     """
 
     rescale_out_proj = False   # the official layer is named `output`: no rescale
@@ -1281,6 +1300,7 @@ class OfficialRWKV(RWKV):
     μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). The same layer as RWKV's
     otherwise. Deviation: the official CUDA kernel returns wkv in bfloat16; ours stays in
     the input's precision.
+    To copy: this class and RWKV with what its line names.
     """
 
     def __init__(self, d_model, seq_len, layer_idx=0, impl="fast", chunk_size=64):
@@ -1397,8 +1417,9 @@ class RetNet(Mixer):
     position in the step state, and it is not tested, so it is left out); group norm without
     affine parameters and without RetNet's score normalisations (§2.4, for fp16 stability).
     State of `step`: one (hs, hs) matrix per head, d·d/H numbers at every t.
-    To copy: this class, retention_chunkwise, retention_recurrent, retention_parallel
-    (with _decay_matrix, _powers, _state_after, _read_state, _pad_to_chunks) and Mixer.
+    To copy: this class, RETENTION_IMPLS (retention_chunkwise, retention_recurrent,
+    retention_parallel, with _decay_matrix, _powers, _state_after, _read_state, _pad_to_chunks),
+    Mixer, check_choice, check_divides and check_positive.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, impl="fast", chunk_size=32):
@@ -1567,8 +1588,9 @@ class Based(Mixer):
     the kernel 1 + s + s²/2 is at least 1/2.
     State of `step`: S (F, d/H) and z (F,) per head in the compact features,
     F = 1 + d' + d'(d'+1)/2: H·F·(d/H + 1) numbers.
-    To copy: this class, based_chunkwise, based_recurrent, based_parallel (with
-    taylor_feature_map_compact, _taylor_kernel, _read_linear_state, _pad_to_chunks) and Mixer.
+    To copy: this class, BASED_IMPLS (based_chunkwise, based_recurrent, based_parallel, with
+    taylor_feature_map_compact, _taylor_kernel, _read_linear_state, _pad_to_chunks), Mixer,
+    check_choice, check_divides and check_positive.
     """
 
     rescale_out_proj = False   # the official layer is named proj_o: no rescale
@@ -1701,8 +1723,9 @@ class Mamba(Mixer):
     that bias `_no_reinit` for the same reason).
     State of `step`: h (d_inner, d_state) and the last conv inputs:
     d_inner·(d_state + min(t, d_conv - 1)).
-    To copy: this class, selective_scan_chunked, selective_scan_sequential (with
-    _pad_to_chunks), causal_conv (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
+    To copy: this class, SCAN_IMPLS (selective_scan_chunked, selective_scan_sequential, with
+    _pad_to_chunks), causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft,
+    causal_conv_fast, SHORT_FILTER), conv1d_init_, Mixer, check_choice and check_positive.
     """
 
     keeps_own_init = True
@@ -1835,8 +1858,8 @@ class SelectiveAttention(Mixer):
     selection on MQAR.
     State of `step`: the KV cache, 2·t·d numbers, plus the t token ids for "programmatic"
     (and the count of rows kept, with a budget), the seq_len drawn rows for "random".
-    To copy: this class, Attention (with the forms in ATTENTION_IMPLS), top_k_rows,
-    selection_aux_loss, programmatic_selection, first_repeats and Mixer.
+    To copy: this class, top_k_rows, selection_aux_loss, programmatic_selection, first_repeats
+    and Attention with what its line names.
     """
 
     takes_tokens = True
@@ -1945,6 +1968,8 @@ class OfficialSelectiveAttention(Mixer):
     aux_weight 0.001 and k = √N (its defaults). At inference (inference="topk", its rule)
     the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u; "threshold" keeps
     the rows with f > 0.5 (causal: `step` runs it). State of `step`: the KV cache, 2·t·d.
+    To copy: this class, top_k_rows, official_selection_aux_loss and Attention with what its
+    line names.
     """
 
     def __init__(self, d_model, seq_len, num_heads=1, top_k=None, inference="topk",
@@ -2059,8 +2084,8 @@ class InputDependentConv(Mixer):
     step(x_t, state, token) take the token ids, as selective attention does.
     State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
     and for "autocorrelation" the counts r(s) of the lags 1..n-1.
-    To copy: this class, input_dependent_conv_fast,
-    input_dependent_conv_reference, chosen_lags and Mixer.
+    To copy: this class, INPUT_DEPENDENT_CONV_IMPLS (input_dependent_conv_fast,
+    input_dependent_conv_reference), chosen_lags, Mixer, check_choice and check_positive.
     """
 
     takes_tokens = True
@@ -2187,7 +2212,8 @@ class GLA(Mixer):
     The paper's defaults: expand_k 0.5, expand_v 1, 4 heads, rank 16, normalizer 16 (so
     that α starts close to 1: slow forgetting), no short convolution. No bias but the gate's.
     State of `step`: S, H·dk·dv numbers (dk = d·expand_k/H, dv = d·expand_v/H) at every t.
-    To copy: this class, gla_chunked and gla_recurrent (with _pad_to_chunks) and Mixer.
+    To copy: this class, GLA_IMPLS (gla_chunked, gla_recurrent, with _pad_to_chunks), Mixer,
+    check_choice and check_positive.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, expand_k=0.5, expand_v=1.0,
@@ -2309,8 +2335,9 @@ class Mamba2(Mixer):
     a model's initialisation leaves it so.
     State of `step`: h, H·P·d_state numbers, and the last conv inputs,
     min(t, d_conv - 1)·(d_inner + 2·d_state).
-    To copy: this class, ssd_chunked and ssd_recurrent (with _pad_to_chunks), causal_conv
-    (with the forms in CONV_IMPLS), conv1d_init_ and Mixer.
+    To copy: this class, SSD_IMPLS (ssd_chunked, ssd_recurrent, with _pad_to_chunks),
+    causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft, causal_conv_fast,
+    SHORT_FILTER), conv1d_init_, Mixer, check_choice and check_positive.
     """
 
     keeps_own_init = True
@@ -2453,8 +2480,10 @@ class DeltaNet(Mixer):
     output; an output projection. No bias but none: every projection is bias-free.
     State of `step`: S, H·dk·dv numbers (dk = dv = d/H), and the three convolutions' last
     inputs, 3·d·min(t, K - 1).
-    To copy: this class, delta_rule_chunked and delta_rule_recurrent (with _pad_to_chunks),
-    causal_conv (with the forms in CONV_IMPLS), conv1d_init_, _at_least_float32 and Mixer.
+    To copy: this class, DELTA_RULE_IMPLS (delta_rule_chunked, delta_rule_recurrent, with
+    _pad_to_chunks), causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft,
+    causal_conv_fast, SHORT_FILTER), conv1d_init_, _at_least_float32, Mixer, check_choice,
+    check_divides and check_positive.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
@@ -2513,7 +2542,7 @@ class GatedDeltaNet(DeltaNet):
     log α = -exp(A_log)·softplus(x W_a + dt_bias) (A from U(0, 16), Δ log-uniform in
     [1e-3, 1e-1] through dt_bias), and an output gate: RMSNorm(o) ⊙ SiLU(x W_g).
     State of `step`: as DeltaNet's.
-    To copy: this class, DeltaNet and what it needs.
+    To copy: this class and DeltaNet with what its line names.
     """
 
     def __init__(self, d_model, seq_len, num_heads=4, conv_size=4, impl="fast",
@@ -2646,8 +2675,8 @@ class RWKV7(Mixer):
     PyTorch draws it (fla zeroes it, which leaves every other parameter without a gradient
     at the first step). `keeps_own_init`: a model's initialisation leaves it so.
     State of `step`: S, H·dk·dv numbers, and the previous input, d.
-    To copy: this class, LoRA, dplr_chunked and dplr_recurrent (with _pad_to_chunks),
-    _at_least_float32 and Mixer.
+    To copy: this class, LoRA, DPLR_IMPLS (dplr_chunked, dplr_recurrent, with _pad_to_chunks),
+    _at_least_float32, Mixer, check_choice, check_divides and check_positive.
     """
 
     keeps_own_init = True

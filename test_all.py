@@ -8,6 +8,7 @@ formula loops over channels with ch.
 """
 import ast
 import dataclasses
+import functools
 import inspect
 import itertools
 import json
@@ -596,14 +597,27 @@ def test_a_registered_mixer_provides_the_interface(name, form):
     assert all(s.shape[0] == 3 for s in state) and m.state_size(0) == 0
 
 
-def definitions_needed(name, path=Path(mixers.__file__)):
+@functools.cache
+def mixers_top_level():
+    """mixers.py's top level as a reader copying from it sees it: (definitions, source,
+    imports), with each definition's node by name (a class, a function, or an assignment
+    such as a dict of forms or a constant), source(node) its lines, and the import lines."""
+    lines = Path(mixers.__file__).read_text().splitlines()
+    source = lambda node: "\n".join(lines[node.lineno - 1:node.end_lineno])
+    definitions, imports = {}, []
+    for node in ast.parse("\n".join(lines)).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.append(source(node))
+        names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                 [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
+        definitions.update(dict.fromkeys(names, node))
+    return definitions, source, imports
+
+
+def definitions_needed(name):
     """The module-level definitions of mixers.py that `name` uses, and those they use, and so
     on: what a reader copies to use it elsewhere."""
-    definitions = {}
-    for node in ast.parse(path.read_text()).body:
-        targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                   [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
-        definitions.update(dict.fromkeys(targets, node))
+    definitions, _, _ = mixers_top_level()
     needed, todo = set(), [name]
     while todo:
         n = todo.pop()
@@ -613,22 +627,66 @@ def definitions_needed(name, path=Path(mixers.__file__)):
     return needed - {name}
 
 
+def copy_line_names(cls, definitions):
+    """The top-level names of mixers.py that the "To copy:" line of cls's docstring tells a
+    reader to copy, read by the rules in the docstring of the test below."""
+    line = re.search(r"To copy: (this class.*?)\.(?:\s|$)", " ".join((cls.__doc__ or "").split()))
+    assert line, f"{cls.__name__}'s docstring has a line 'To copy: this class, ...'"
+    words = re.findall(r"\w+", line.group(1))
+    unknown = {w for w in words if re.search("[_0-9A-Z]", w)} - definitions.keys()
+    assert not unknown, f"{cls.__name__}'s line names what mixers.py does not define: {unknown}"
+    names = {cls.__name__} | {w for w in words if w in definitions}
+    for other in re.findall(r"(\w+) with what its line names", line.group(1)):
+        names |= copy_line_names(getattr(mixers, other), definitions)
+    return names
+
+
+@pytest.mark.parametrize("cls", list(MIXERS.values()) + list(mixers.OFFICIAL_FORMS.values()),
+                         ids=lambda cls: cls.__name__)
+def test_a_mixer_copied_as_its_docstring_says_runs_as_the_module_does(cls):
+    """The "To copy:" line of every mixer's docstring names exactly the definitions it uses
+    (definitions_needed): every one, for every option, and no other. Copied alone into a
+    namespace that holds only mixers.py's imports, they give a layer whose forward and step
+    equal the module's with the same weights.
+
+    How the line reads (copy_line_names):
+    - it runs from "To copy:" to the first full stop, and starts with "this class" (cls);
+    - every other word that is a top-level name of mixers.py is copied, wherever it stands:
+      in the list, in a group "X with Y (Z, W)", in parentheses;
+    - "X with what its line names" copies X and what X's own "To copy:" line names;
+    - the other words are English, and a word that looks like code (an underscore, a digit
+      or a capital letter) must be a top-level name of mixers.py."""
+    definitions, source, imports = mixers_top_level()
+    named = copy_line_names(cls, definitions)
+    needed = definitions_needed(cls.__name__) | {cls.__name__}
+    assert named == needed, f"the line misses {needed - named}, names unused {named - needed}"
+    nodes = sorted({definitions[n] for n in named}, key=lambda node: node.lineno)
+    copy = "\n".join(imports + [source(node) for node in nodes])
+    namespace = {"__name__": "copied"}
+    exec(compile(copy, f"<the copy of {cls.__name__}>", "exec"), namespace)
+    # the official selection's default rule (top-k of the whole sequence) has no step
+    options = {"inference": "threshold"} if cls is mixers.OfficialSelectiveAttention else {}
+    torch.manual_seed(0)
+    module, copied = cls(16, 12, **options), namespace[cls.__name__](16, 12, **options)
+    copied.load_state_dict(module.state_dict())
+    x = torch.randn(2, 12, 16)
+    assert torch.allclose(mix(copied, x), mix(module, x))
+    y, states = run_steps(module, x[:, :2])        # from no state, then from the first token's
+    y_copied, states_copied = run_steps(copied, x[:, :2])
+    assert torch.allclose(y_copied, y)
+    assert all(map(torch.allclose, states_copied[-1], states[-1]))
+
+
 @pytest.mark.parametrize("name", MIXERS)
 def test_a_paper_form_copies_without_the_official_machinery(name):
     """A paper form uses no official class, function or filter (the official forms are
-    classes of their own), looks up a filter by name only where a filter is an option
-    (long_conv), and the "To copy:" line of its docstring names only what it uses."""
-    cls = MIXERS[name]
-    needed = definitions_needed(cls.__name__)
+    classes of their own) and looks up a filter by name only where a filter is an option
+    (long_conv)."""
+    needed = definitions_needed(MIXERS[name].__name__)
     # long_conv's filter="mlp" is the official BaseConv's filter, over the official features
     official = {n for n in needed if "official" in n.lower()}
     assert official == ({"OFFICIAL_FREQUENCIES"} if name == "long_conv" else set()), needed
     assert ("FILTERS" in needed) == (name == "long_conv")
-    copy_line = re.search(r"To copy: (.*?)\.", " ".join(cls.__doc__.split()))
-    assert copy_line, f"{cls.__name__}'s docstring says what to copy"
-    words = set(re.findall(r"\w+", copy_line.group(1)))
-    names = {w for w in words if not re.fullmatch("[a-z]+", w)}    # code, not English
-    assert names <= needed, names - needed
 
 
 def test_the_copy_of_a_paper_form_is_smaller_than_before_the_official_forms_moved_out():
@@ -3642,6 +3700,16 @@ def test_readme_python_snippets_run():
     assert blocks, "the README has a python quick start"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_copy_list_for_attention_matches_its_docstring():
+    """The README's list of what to copy for attention names what Attention's "To copy:"
+    line names (test_a_mixer_copied_as_its_docstring_says_runs_as_the_module_does)."""
+    listed = re.search(r"For attention:\n\n((?:[- ] .*\n)+)", (REPO / "README.md").read_text())
+    assert listed, "the README lists what to copy for attention"
+    definitions, _, _ = mixers_top_level()
+    assert (set(re.findall(r"`(\w+)`", listed.group(1))) ==
+            copy_line_names(mixers.Attention, definitions))
 
 
 def test_readme_main_command_solves_mqar(tmp_path):
