@@ -85,8 +85,7 @@ here.
   hs = d // H head size (d_h), c vocabulary size, W sliding window, b block size,
   K filter length (taps), h filter (d, K) with h[:, s] the weight of lag s,
   L Hyena order (Algorithm 3's L: number of gated convolutions), p^ℓ, v, z^ℓ Hyena's
-  projections and iterates; an SSM has A, B, C, Δ (dt) and d_state numbers of state per
-  channel (the SSM functions call their channels d too: H·head_dim² of them in H3).
+  projections and iterates; an SSM has A, B, C, Δ (dt) and d_state numbers of state per channel.
   w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ_h = 1 - 2^(-5-h);
   d' (feature_dim) Based's feature dimension, F = 1 + d' + d'(d'+1)/2 the size of its
   compact φ(x); d_inner Mamba's inner width; skip Mamba's and H3's skip vector (their
@@ -419,7 +418,7 @@ SHORT_FILTER = 16  # the fast form convolves directly up to this many taps, by F
 
 
 def causal_conv_direct(u, h):
-    """y[:, t, d] = Σ_{s=0}^{min(t, K-1)} h[d, s] · u[:, t-s, d], as a loop over lags s.
+    """y[:, t, ch] = Σ_{s=0}^{min(t, K-1)} h[ch, s] · u[:, t-s, ch], as a loop over lags s.
 
     u: (B, T, d), h: (d, K) with any K (taps past T never reach an output).
     Costs O(B·T·d·K) time and O(B·T·d) memory: it never materializes a (T, T) matrix.
@@ -926,7 +925,8 @@ SSM_DISCRETIZATIONS = ("zoh", "bilinear")
 
 def ssm_discretize(log_dt, A, method="zoh"):
     """The discrete SSM of x' = A x + B u with step Δ = exp(log_dt) and B = 1: (log Ā, B̄),
-    each (d, n) complex (returning log Ā lets the kernel raise Ā to any power by exp).
+    each (channels, n) complex (returning log Ā lets the kernel raise Ā to any power
+    by exp).
 
     zoh       Ā = exp(ΔA),                   B̄ = (exp(ΔA) - 1) / A   (zero-order hold,
               S4D's default)
@@ -935,7 +935,7 @@ def ssm_discretize(log_dt, A, method="zoh"):
     """
     check_choice("discretization", method, SSM_DISCRETIZATIONS)
     dt = log_dt.exp()[:, None]
-    dtA = dt * A                                                             # (d, n)
+    dtA = dt * A                                                      # (channels, n)
     if method == "zoh":
         return dtA, (dtA.exp() - 1) / A
     return torch.log((1 + dtA / 2) / (1 - dtA / 2)), dt / (1 - dtA / 2)
@@ -948,29 +948,30 @@ def exp_complex(z):
 
 
 def diagonal_ssm_kernel(log_dt, A, C, T, discretization="zoh"):
-    """The SSM's convolution kernel K[d, ℓ] = 2·Re Σ_n C[d, n] B̄[d, n] Ā[d, n]^ℓ, ℓ < T.
+    """The SSM's convolution kernel K[ch, ℓ] = 2·Re Σ_n C[ch, n] B̄[ch, n] Ā[ch, n]^ℓ, ℓ < T.
 
-    log_dt: (d,) real; A, C: (d, n) complex, n = d_state/2 modes whose conjugates make the
-    state real (hence 2·Re); S4D's kernel.
-    Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·log Ā)·exp(j·log Ā): two (d, n, m)
-    tables of exponentials and a batched matmul, instead of d·n·T complex exponentials
-    (which cost more than the convolution they feed).
+    log_dt: (channels,) real; A, C: (channels, n) complex, n = d_state/2 modes whose
+    conjugates make the state real (hence 2·Re); S4D's kernel.
+    Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·log Ā)·exp(j·log Ā): two
+    (channels, n, m) tables of exponentials and a batched matmul, instead of channels·n·T
+    complex exponentials (which cost more than the convolution they feed).
     """
-    log_dA, dB = ssm_discretize(log_dt, A, discretization)                   # (d, n)
+    log_dA, dB = ssm_discretize(log_dt, A, discretization)            # (channels, n)
     m = math.isqrt(T - 1) + 1
     j = torch.arange(m, dtype=log_dt.dtype, device=log_dt.device)
     coarse, fine = exp_complex(log_dA[..., None] * (m * j)), exp_complex(log_dA[..., None] * j)
-    K = torch.einsum("dn,dni,dnj->dij", C * dB, coarse, fine)               # (d, m, m)
-    return 2 * K.real.flatten(1)[:, :T]                                      # (d, T)
+    K = torch.einsum("dn,dni,dnj->dij", C * dB, coarse, fine)        # (channels, m, m)
+    return 2 * K.real.flatten(1)[:, :T]                               # (channels, T)
 
 
 def diagonal_ssm_step(u_t, x, log_dt, A, C, discretization="zoh"):
     """One step of the recurrence: x_t = Ā x_{t-1} + B̄ u_t, y_t = 2·Re Σ_n C_n x_t[n].
 
-    u_t: (B, d) real, x: (B, d, n) complex. Its impulse response is diagonal_ssm_kernel.
+    u_t: (B, channels) real, x: (B, channels, n) complex. Its impulse response is
+    diagonal_ssm_kernel.
     """
     log_dA, dB = ssm_discretize(log_dt, A, discretization)
-    x = exp_complex(log_dA) * x + dB * u_t[..., None]                        # (B, d, n)
+    x = exp_complex(log_dA) * x + dB * u_t[..., None]                 # (B, channels, n)
     return 2 * (C * x).sum(-1).real, x
 
 
@@ -1323,7 +1324,7 @@ class OfficialRWKV(RWKV):
 # RetNet multi-scale retention (appendix H.2; Sun et al., 2023, eq. 5-9)
 #
 # recurrent  S_t = γ S_{t-1} + k_tᵀ v_t,  y_t = q_t S_t
-# parallel   Y = (Q Kᵀ ⊙ Γ) V,  Γ[n, m] = γ^{n-m} for n >= m else 0 (the paper's D)
+# parallel   Y = (Q Kᵀ ⊙ Γ) V,  Γ[n, m] = γ^{n-m} for n >= m else 0 (RetNet's D)
 # chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Γ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
 #            R_c = K_cᵀ (V_c ⊙ ζ) + γ^C R_{c-1},  ζ_j = γ^{C-1-j}
 # Every form takes (q, k, v, gamma, state=None, chunk_size): q, k (B, H, T, hs),
@@ -1476,10 +1477,10 @@ class RetNet(Mixer):
 
 def taylor_feature_map(x):
     """φ(x): (..., d') -> (..., 1 + d' + d'²), the 2nd-order Taylor expansion of exp(q·k/√d')."""
-    d = x.shape[-1]
+    feature_dim = x.shape[-1]
     x2 = (x[..., :, None] * x[..., None, :]).flatten(-2)                      # (..., d'²)
-    return torch.cat([torch.ones_like(x[..., :1]), x / d ** 0.25,
-                      x2 / (math.sqrt(2) * math.sqrt(d))], dim=-1)
+    return torch.cat([torch.ones_like(x[..., :1]), x / feature_dim ** 0.25,
+                      x2 / (math.sqrt(2) * math.sqrt(feature_dim))], dim=-1)
 
 
 def taylor_feature_map_compact(x):
@@ -1490,11 +1491,11 @@ def taylor_feature_map_compact(x):
     153 features instead of 273 for d' = 16. Every form's state is in these features (Based's
     code keeps all d'² products, a state 1.8 times as large for the same function).
     """
-    d = x.shape[-1]
-    off = x / math.sqrt(d)                      # x_a x_b / √d' = √2 · (x_a x_b / √(2d'))
-    rows = [x[..., a:a + 1] * off[..., a + 1:] for a in range(d - 1)]
-    return torch.cat([torch.ones_like(x[..., :1]), x / d ** 0.25,
-                      x * x / math.sqrt(2 * d), *rows], dim=-1)
+    feature_dim = x.shape[-1]
+    off = x / math.sqrt(feature_dim)            # x_a x_b / √d' = √2 · (x_a x_b / √(2d'))
+    rows = [x[..., a:a + 1] * off[..., a + 1:] for a in range(feature_dim - 1)]
+    return torch.cat([torch.ones_like(x[..., :1]), x / feature_dim ** 0.25,
+                      x * x / math.sqrt(2 * feature_dim), *rows], dim=-1)
 
 
 def _taylor_kernel(q, k):
@@ -1636,7 +1637,7 @@ class Based(Mixer):
 # Mamba, the selective SSM (Gu & Dao, 2023, Algorithm 2 and §3.6)
 #
 # h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h, A = -exp(A_log): (d_inner, d_state)
-# y_t = C_t h_t + skip ⊙ x_t                     (skip: the paper's D)
+# y_t = C_t h_t + skip ⊙ x_t                     (skip: Mamba's D)
 # Both scans take (x, delta, A, Bm, Cm, skip, state=None, chunk_size): x, delta
 # (B, T, d_inner), A (d_inner, d_state), Bm, Cm (B, T, d_state), skip (d_inner,), state h
 # (B, d_inner, d_state) before the first position (None: 0); chunk_size is the chunked
@@ -1646,14 +1647,14 @@ class Based(Mixer):
 def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=None):
     """The recurrence as written, one position at a time (T Python steps of
     B·d_inner·d_state)."""
-    B, T, d = x.shape
-    h = x.new_zeros(B, d, A.shape[1]) if state is None else state
+    B, T, d_inner = x.shape
+    h = x.new_zeros(B, d_inner, A.shape[1]) if state is None else state
     out = []
     for t in range(T):
         h = torch.exp(delta[:, t, :, None] * A) * h + \
-            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]     # (B, d, d_state)
+            (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]  # (B, d_inner, d_state)
         out.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
-    return torch.stack(out, 1) + skip * x, h                                  # (B, T, d)
+    return torch.stack(out, 1) + skip * x, h                            # (B, T, d_inner)
 
 
 def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64):
@@ -1673,23 +1674,25 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
     """
     C = min(chunk_size, x.shape[1])                 # a chunk never longer than the sequence
     (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
-    B, Tp, d = x.shape
+    B, Tp, d_inner = x.shape
     n, d_state = Tp // C, A.shape[1]
     # e^{ΔA} = 2^{ΔA·log2 e}: PyTorch's exp2 is several times faster than exp on a CPU;
     # A2 is made contiguous so that the broadcast product below runs along d_inner
-    A2 = (A.T / math.log(2)).contiguous()                               # (d_state, d)
-    dc, u = delta.view(B, n, C, d), (delta * x).view(B, n, C, d)            # (B, n, C, d)
+    A2 = (A.T / math.log(2)).contiguous()                               # (d_state, d_inner)
+    dc = delta.view(B, n, C, d_inner)                                     # (B, n, C, d_inner)
+    u = (delta * x).view(B, n, C, d_inner)                                # (B, n, C, d_inner)
     Bc = Bm.view(B, n, C, d_state)
 
-    def step(j, h):  # h_t = e^{Δ_t A} h_{t-1} + B_t Δ_t x_t, every chunk; h (B, n, d_state, d)
+    # h_t = e^{Δ_t A} h_{t-1} + B_t Δ_t x_t, every chunk; h (B, n, d_state, d_inner)
+    def step(j, h):
         return torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * h,
                              Bc[:, :, j, :, None], u[:, :, j, None])
 
-    h = x.new_zeros(B, n, d_state, d)
+    h = x.new_zeros(B, n, d_state, d_inner)
     for j in range(C):                                                        # 1.
         h = step(j, h)
-    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)                # (B, n, d_state, d)
-    carry = x.new_zeros(B, d_state, d) if state is None else state.transpose(1, 2)
+    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)          # (B, n, d_state, d_inner)
+    carry = x.new_zeros(B, d_state, d_inner) if state is None else state.transpose(1, 2)
     entering = []
     for c in range(n):                                                        # 2.
         entering.append(carry)
@@ -1698,8 +1701,8 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
     Cc = Cm.view(B, n, C, d_state).transpose(1, 2).contiguous()       # (B, C, n, d_state)
     for j in range(C):                                                        # 3.
         h = step(j, h)
-        y.append(Cc[:, j, :, None] @ h)                                       # (B, n, 1, d)
-    y = torch.cat(y, 2).view(B, Tp, d)                                        # (B, T, d)
+        y.append(Cc[:, j, :, None] @ h)                                 # (B, n, 1, d_inner)
+    y = torch.cat(y, 2).view(B, Tp, d_inner)                              # (B, T, d_inner)
     return (y + skip * x)[:, :T], carry.transpose(1, 2)
 
 
@@ -1709,18 +1712,17 @@ SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequen
 class Mamba(Mixer):
     """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
     input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
-    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: expand E = 2, d_state = 16 (the paper's N),
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: expand E = 2, d_state = 16 (Mamba's N),
     conv 4, dt_rank = ⌈d/16⌉.
 
     Initialised as Mamba initialises itself (Gu & Dao's mamba_simple.py, which the official
-    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), skip = 1 (the paper's
-    D), Δ log-uniform in
-    [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight U(±dt_rank^-1/2), the
-    conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as PyTorch draws an
-    nn.Linear. `keeps_own_init`: a model's initialisation leaves all of it alone, as the
-    official model does (its MambaBlock branch only rescales out_proj; train.init_weights).
-    dt_bias is a separate parameter rather than dt_proj's bias (the official code marks
-    that bias `_no_reinit` for the same reason).
+    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), skip = 1 (Mamba's D), Δ
+    log-uniform in [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight
+    U(±dt_rank^-1/2), the conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as
+    PyTorch draws an nn.Linear. `keeps_own_init`: a model's initialisation leaves all of it
+    alone, as the official model does (its MambaBlock branch only rescales out_proj;
+    train.init_weights). dt_bias is a separate parameter rather than dt_proj's bias (the
+    official code marks that bias `_no_reinit` for the same reason).
     State of `step`: h (d_inner, d_state) and the last conv inputs:
     d_inner·(d_state + min(t, d_conv - 1)).
     To copy: this class, SCAN_IMPLS (selective_scan_chunked, selective_scan_sequential, with

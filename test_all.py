@@ -1081,7 +1081,7 @@ def test_hyena_is_algorithm_3(order):
 
 
 def test_hyena_official_form_is_the_official_operator():
-    """zoology/mixers/hyena.py's forward, transcribed: in_proj, Conv1d(3D) with bias,
+    """zoology/mixers/hyena.py's forward, transcribed: in_proj, Conv1d(3·d) with bias,
     x1, x2, v = split; v = v·x1; fftconv_ref: h ∗ v + bias·v; v·x2; out_proj."""
     T, d = 24, 16
     m = make_mixer("hyena", d=d, T=T, form="official")
@@ -1103,7 +1103,7 @@ def test_diagonal_ssm_kernel_is_the_recurrences_impulse_response(discretization)
     m = make_mixer("h3", d_state=8)
     log_dt, A, C, _ = m._ssm()
     T = 40
-    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)           # (d, T)
+    K = mixers.diagonal_ssm_kernel(log_dt, A, C, T, discretization)    # (channels, T)
     x = torch.zeros(1, *A.shape, dtype=A.dtype)
     response = []
     for t in range(T):
@@ -1304,11 +1304,11 @@ def recurrence(name, T, seed=0):
         return mixers.DPLR_IMPLS, lambda f, t, **kw: f(
             r_[:, :, t], k[:, :, t], v[:, :, t], log_w[:, :, t], -kk[:, :, t],
             (kk * a)[:, :, t], **kw)
-    x, Bm, Cm, A, d = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
+    x, Bm, Cm, A, skip = r(2, T, 6), r(2, T, 4), r(2, T, 4), -r(6, 4).exp(), r(6)
     # Δ from 0.01 to 300 across the channels: at 300, e^{ΔA} underflows inside a chunk
     delta = r(2, T, 6).exp() * torch.tensor([0.01, 0.1, 1.0, 10.0, 100.0, 300.0], dtype=F64)
     return mixers.SCAN_IMPLS, lambda f, t, **kw: f(x[:, t], delta[:, t], A, Bm[:, t], Cm[:, t],
-                                                   d, **kw)
+                                                   skip, **kw)
 
 
 def comparable(state):
@@ -1447,19 +1447,20 @@ def test_retnet_module_is_multi_scale_retention_written_out(impl):
 # mixers.Based
 
 def test_taylor_feature_maps_give_the_taylor_kernel():
-    """φ(q)·φ(k) = 1 + s/√d + s²/(2d), s = q·k: the full map (1 + d + d² features), as
-    _taylor_kernel computes it, and the compact one (1 + d + d(d+1)/2) gives the same kernel."""
+    """φ(q)·φ(k) = 1 + s/√d' + s²/(2d'), s = q·k: the full map (1 + d' + d'² features), as
+    _taylor_kernel computes it, and the compact one (1 + d' + d'(d'+1)/2) gives the same
+    kernel."""
     torch.manual_seed(0)
-    d = 16
-    q, k = torch.randn(5, d, dtype=F64), torch.randn(5, d, dtype=F64)
+    dp = 16                                                        # dp: Based's d'
+    q, k = torch.randn(5, dp, dtype=F64), torch.randn(5, dp, dtype=F64)
     s = (q * k).sum(-1)
     fq, fk = mixers.taylor_feature_map(q), mixers.taylor_feature_map(k)
     lhs = (fq * fk).sum(-1)
-    assert fq.shape == (5, 1 + d + d * d)
-    assert torch.allclose(lhs, 1 + s / math.sqrt(d) + s ** 2 / (2 * d), atol=1e-12)
+    assert fq.shape == (5, 1 + dp + dp * dp)
+    assert torch.allclose(lhs, 1 + s / math.sqrt(dp) + s ** 2 / (2 * dp), atol=1e-12)
     assert torch.allclose(mixers._taylor_kernel(q, k).diagonal(), lhs, atol=1e-12)
     cq, ck = mixers.taylor_feature_map_compact(q), mixers.taylor_feature_map_compact(k)
-    assert cq.shape == (5, 1 + d + d * (d + 1) // 2)
+    assert cq.shape == (5, 1 + dp + dp * (dp + 1) // 2)
     assert torch.allclose(cq @ ck.T, fq @ fk.T, atol=1e-12, rtol=1e-12)
 
 

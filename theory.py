@@ -29,10 +29,8 @@ Glossary (code name -> paper symbol):
              transposed, (d', N') with lag s in column s, as mixers.py stores filters (d, K)
   c          vocabulary size |C|; D number of key-value pairs; b = ceil(log2 c) bits per token
   s          shift / look-back distance; t number of interaction distances (Thm 4.5)
-  d_model, T, H, hd, hs  in the Thm 4.2 section: a mixer's width d_model (d there is the
-             width of a stack's input, which outer_product_conv_as_baseconv keeps apart
-             from it), its sequence length T (= N), heads H, H3's head_dim hd, RetNet's
-             head size hs
+  d_model, T, H, hd, hs  in the Thm 4.2 section: a mixer's width d_model, its sequence
+             length T (= N), heads H, H3's head_dim hd, RetNet's head size hs
   n, size, depth, width   of an arithmetic circuit: n variables, s nodes, depth Delta, width w
   m          size of a K-matrix (a power of two)
   c_k, c_v   numbers of keys and of values of the enumerated MQAR contexts (H.6); M the
@@ -637,13 +635,13 @@ def baseconv(u, layer, impl="fast"):
     [b; b]), read at the last N' rows, since h has N' taps and row N' + i of h * [u; u] is
     sum_{s<N'} h[s] u[(i - s) mod N'] = (h ⊛ u)[i].
     """
-    N, d = u.shape[-2:]
-    if layer.h.shape != (d, N) or layer.W.shape != (d, d):
-        raise ValueError(f"u has (N', d')=({N}, {d}) but the layer is built for "
+    Np, dp = u.shape[-2:]
+    if layer.h.shape != (dp, Np) or layer.W.shape != (dp, dp):
+        raise ValueError(f"u has (N', d')=({Np}, {dp}) but the layer is built for "
                          f"h {tuple(layer.h.shape)} and W {tuple(layer.W.shape)}")
     z, b1, b2 = (torch.cat([t] * (1 + layer.cyclic), -2) for t in (u, layer.b1, layer.b2))
     y, _ = mixers.base_conv(z.reshape(-1, *z.shape[-2:]), layer.W, b1, layer.h, b2, impl)
-    return y[:, -N:].reshape(u.shape)
+    return y[:, -Np:].reshape(u.shape)
 
 
 def baseconv_stack(u, layers, impl="fast"):
@@ -1148,15 +1146,15 @@ def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
         for random_fill in (False, True):
             x, y = multiquery_ar(8, c, N, D, random_non_queries=random_fill, seed=seed)
             need = needed_distances(x, y)
-            lags = [top_lags(x[i:i + 1], c, len(d))[0] for i, d in enumerate(need)]
-            cover = [set(d) <= set(l) for d, l in zip(need, lags)]
+            lags = [top_lags(x[i:i + 1], c, len(dists))[0] for i, dists in enumerate(need)]
+            cover = [set(dists) <= set(l) for dists, l in zip(need, lags)]
             pred = mqar_baseconv_input_dependent(x, c, lags)[0]
             iff &= all((mqar_accuracy(pred[i:i + 1], y[i:i + 1]) == 1.0) == cov
                        for i, cov in enumerate(cover))
             covered.append(sum(cover))
         pred, layers = mqar_baseconv_input_dependent(x, c, need)        # random non-queries
         t = max(map(len, need))
-        short = [d[1:] or [N - 1] for d in need]        # layers: the last example's
+        short = [dists[1:] or [N - 1] for dists in need]        # layers: the last example's
         controls = (iff and inner_dim(layers) == (4, N, 2 * c * len(need[-1]))
                     and mqar_accuracy(mqar_baseconv_input_dependent(x, c, short)[0], y) < 1.0)
         rows.append(_exact_row(f"Thm 4.5 input-dep. filters, N={N} c={c}", pred, y,
@@ -1407,10 +1405,10 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
         out = y W_o + b_o,
 
     per head h of hd channels (i, j < hd): a short filter s on k, the outer product k ⊗ v,
-    a long filter K per (h, i, j), the sum over i gated by q. x (..., T, d);
-    W (d, 3 d_model), b (3 d_model,); shift (d_model, K1); kernel (d_model hd, K2), row
+    a long filter K per (h, i, j), the sum over i gated by q. x (..., T, d_in);
+    W (d_in, 3 d_model), b (3 d_model,); shift (d_model, K1); kernel (d_model hd, K2), row
     (h hd + i) hd + j; W_o (d_model, d_out). Channel blocks: q (d_model), v (d_model),
-    kv (d_model hd, channel (h, i, j)); d' = max(d, d_model (2 + hd), d_out).
+    kv (d_model hd, channel (h, i, j)); d' = max(d_in, d_model (2 + hd), d_out).
       1. affine:   q, v, and every k_hi copied into the hd channels (h, i, j), j < hd: a
                    causal convolution acts per channel, so k_hi must sit in each channel
                    that multiplies it
@@ -1418,15 +1416,15 @@ def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
       3. product:  (h, i, j) <- q_hi ⊙ (K_hij * kv_hij): W routes q_hi, h = K_hij
       4. affine:   out = Σ_{h,i,j} kv_hij W_o[h hd + j] + b_o: the sum over i and W_o in one
     """
-    d, d_model = W.shape[0], W.shape[1] // 3
-    dp = max(d, d_model * (2 + hd), W_o.shape[1])
+    d_in, d_model = W.shape[0], W.shape[1] // 3
+    dp = max(d_in, d_model * (2 + hd), W_o.shape[1])
     m = torch.arange(d_model * hd)
     qk_of, v_of = m // hd, (m // (hd * hd)) * hd + m % hd      # k_hi (and q_hi), v_hj of (h,i,j)
     q, v, kv = torch.arange(d_model), d_model + torch.arange(d_model), 2 * d_model + m
     with torch.no_grad():
         W1, b = _zeros(dp, dp), b.detach().to(DTYPE)
         (Wq, Wk, Wv), (bq, bk, bv) = W.split(d_model, dim=1), b.split(d_model)
-        W1[:d, q], W1[:d, v], W1[:d, kv] = Wq, Wv, Wk[:, qk_of]
+        W1[:d_in, q], W1[:d_in, v], W1[:d_in, kv] = Wq, Wv, Wk[:, qk_of]
         layers = affine(W1, torch.cat([bq, bv, bk[qk_of]]), T)
         W2, b1, h, b2 = _blank(T, dp)
         W2[v[v_of], kv] = 1.0
@@ -1449,7 +1447,7 @@ def h3_as_baseconv(h3, T):
     H3 is `outer_product_conv_as_baseconv` with the shift SSM as its short filter (A the
     shift matrix, B = e_0: the kernel is C, the learned filter) and the diagonal SSM as its
     long one, K = the S4D kernel (T taps) with the skip term (S4D's D) folded into tap 0.
-    (L, N', d') = (4, T, 3D) for head_dim = 1 (q ⊙ SSM(shift(k) ⊙ v)); head_dim hd > 1
+    (L, N', d') = (4, T, 3 d_model) for head_dim = 1 (q ⊙ SSM(shift(k) ⊙ v)); head_dim hd > 1
     needs hd copies of every k channel and the sum over i folded into W_o: (4, T, (2 + hd) d_model).
     """
     check_int("T", T, 1, "an integer >= 1")
@@ -1481,8 +1479,8 @@ def check_h3(seed=0, d_model=8, T=32, head_dims=(1, 2), d_state=16, **options):
 
 def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
     """Thm 4.2 for retention: layers computing the heads of Y = (Q K^T ⊙ Γ) V (RetNet,
-    mixers.retention_parallel) from x (..., T, d), with Q = x W_q, K = x W_k, V = x W_v,
-    W_* (d, d_model), H = len(gamma) heads of hs = d_model / H. The heads land in channels
+    mixers.retention_parallel) from x (..., T, d_in), with Q = x W_q, K = x W_k, V = x W_v,
+    W_* (d_in, d_model), H = len(gamma) heads of hs = d_model / H. The heads land in channels
     0..d_model-1 (y_t[h, j] in channel h hs + j, as RetNet flattens them); every other
     channel is 0.
 
@@ -1492,7 +1490,7 @@ def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
         y_t[h, j] = Σ_{s<=t} γ_h^{t-s} (q_t · k_s) v_s[j]
                   = Σ_i q_t[h, i] (g_h * (k_hi ⊙ v_hj))_t,
     hs^2 channels per head: `outer_product_conv_as_baseconv` with hd = hs, no short filter
-    (s = e_0), K = g_h and W_o = I. (L, N', d') = (4, T, max(d, (2 + hs) d_model)): the hs x hs
+    (s = e_0), K = g_h and W_o = I. (L, N', d') = (4, T, max(d_in, (2 + hs) d_model)): the hs x hs
     per-head state of the recurrent form, as hs^2 channels.
     """
     check_int("T", T, 1, "an integer >= 1")
@@ -1558,7 +1556,7 @@ def wkv_filter(w, u, T):
 
 
 def wkv_as_baseconv(w, u, W_v, mix_v, T):
-    """RWKV's wkv up to its division: from [E | x] (..., T, 2D), E = e^k given, the layers
+    """RWKV's wkv up to its division: from [E | x] (..., T, 2 d_model), E = e^k given, the layers
     compute [num | den] with
         num_t = Σ_{i<t} e^{-(t-1-i) w} E_i v_i + e^u E_t v_t = (f * (E ⊙ v))_t,
         den_t = (f * E)_t,    wkv_t = num_t / den_t   (f = `wkv_filter`),
@@ -1567,7 +1565,7 @@ def wkv_as_baseconv(w, u, W_v, mix_v, T):
       1. convolution: x -> x' (filter (μ, 1 - μ)); E carried (filter e_0)
       2. product:     E slots <- (x' W_v) ⊙ (e_0 * E) = E ⊙ v; x' slots <- E (a copy: W, b2 = 1)
       3. convolution: both blocks by f
-    (L, N', d') = (3, T, 2D). Not exact beyond this, whatever the size: E = e^k is not a
+    (L, N', d') = (3, T, 2 d_model). Not exact beyond this, whatever the size: E = e^k is not a
     polynomial in x (so it is an input here), and wkv = num / den is unchanged when E is
     scaled by any c > 0 while not constant in E, which no polynomial is.
     """

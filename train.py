@@ -38,11 +38,11 @@ Usage:
                                       models, each at the rate of least validation loss,
                                       two seeds, their held-out perplexity sliced by AR
                                       hits (results/lm.json, lm.png, lm_curves.png,
-                                      lm_appendix_g.png); --ar_threshold=N;
+                                      lm_appendix_g.png); --ar_threshold=COUNT;
                                       --out_dir=results/NAME writes results/NAME.json ...
   python train.py --hf=NAME_OR_PATH   appendix G on a Hugging Face causal LM (optional
                                       package transformers): AR and filler perplexity
-                                      against P; --samples=N sequences per P
+                                      against P; --samples=COUNT sequences per P
   python train.py --bench             training-step time vs logits at every position
 
 Every run writes one JSON record (its config, history, test and validation accuracy, steps,
@@ -139,7 +139,7 @@ class Config:
     preset: str = "cpu"               # "cpu" (these defaults) or "figure2": see PRESETS
     seed: int = 0
     device: str = "auto"              # "auto" (cuda, else mps, else cpu: resolve_device), "cpu",
-                                      # "cuda", "cuda:N" or "mps"
+                                      # "cuda", "cuda:INDEX" or "mps"
     amp: bool = False                 # bfloat16 autocast in training (for a GPU): see train
     compile: str = ""                 # a torch.compile backend for the training forward
                                       # ("inductor" on a GPU); "" does not compile
@@ -312,7 +312,7 @@ def check_config(config):
                          f"torch.compile backend, one of {', '.join(backends)}")
     if not (c.device in ("auto", "cpu", "cuda", "mps") or c.device.startswith("cuda:")):
         raise ValueError(f"device={c.device!r} is not allowed: choose 'auto', 'cpu', "
-                         "'cuda', 'cuda:N' or 'mps'")
+                         "'cuda', 'cuda:INDEX' or 'mps'")
     if c.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
@@ -2472,10 +2472,10 @@ def sweep_command(flags, rest):
 
 
 def hf_command(flags, rest):
-    """--hf=NAME_OR_PATH [--samples=N]: appendix G on a Hugging Face causal LM."""
+    """--hf=NAME_OR_PATH [--samples=COUNT]: appendix G on a Hugging Face causal LM."""
     if rest:
         raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
-                         "on a pretrained model (--samples=N sets its size)")
+                         "on a pretrained model (--samples=COUNT sets its size)")
     samples = _positive_flag(flags, "samples", 1000)
     rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
     name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
@@ -2490,7 +2490,7 @@ def hf_command(flags, rest):
 
 
 def lm_command(flags, rest):
-    """--lm [--key=value ...] [--ar_threshold=N] [--samples=N]: the language-model
+    """--lm [--key=value ...] [--ar_threshold=COUNT] [--samples=COUNT]: the language-model
     experiment (run_lm_experiment), its tables printed. (One language model of a mixer of
     your choice is one run: --task=lm --mixer=NAME ...)"""
     overrides = parse_arguments(rest)
@@ -2502,7 +2502,7 @@ def lm_command(flags, rest):
         if flag in flags:
             raise ValueError(f"{flag} is not allowed with --lm: the experiment "
                              "trains every model of LM_MODELS with LM_RECIPE at the "
-                             "seeds of LM_SEEDS (--seed=N: one seed)")
+                             "seeds of LM_SEEDS (--seed=SEED: one seed)")
     threshold = (_parse_value("ar_threshold", flags["--ar_threshold"], int)
                  if "--ar_threshold" in flags else None)
     if threshold is not None and threshold < 0:
@@ -2522,8 +2522,8 @@ def lm_command(flags, rest):
 
 
 def run_command(flags, rest):
-    """--key=value ... [--seeds=N] [--bench]: one run (or N seeds of it, then a summary
-    line), or the training-step benchmark of its model. Returns the exit status."""
+    """--key=value ... [--seeds=COUNT] [--bench]: one run (or COUNT seeds of it, then a
+    summary line), or the training-step benchmark of its model. Returns the exit status."""
     n_seeds = _positive_flag(flags, "seeds", 1)
     if "--ar_threshold" in flags or "--samples" in flags:
         raise ValueError("--ar_threshold and --samples are not allowed without --lm (and "
@@ -2598,10 +2598,10 @@ def command(flags, rest):
 
 
 def main(argv):
-    """The command line: the main job (no arguments), one run (--key=value ...), --seeds=N
-    runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME, --table=NAME, --lm,
-    --hf=NAME, --bench; each a function above. Returns the exit status: 2 for a bad
-    argument, 1 for a failed run of a sweep, 130 for Ctrl-C."""
+    """The command line: the main job (no arguments), one run (--key=value ...),
+    --seeds=COUNT runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME,
+    --table=NAME, --lm, --hf=NAME, --bench; each a function above. Returns the exit
+    status: 2 for a bad argument, 1 for a failed run of a sweep, 130 for Ctrl-C."""
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         for f in dataclasses.fields(Config):
