@@ -2081,6 +2081,20 @@ def test_parse_overrides_types_and_errors():
             train.parse_overrides([arg])
 
 
+def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):
+    """make_config parses the mixer setting; Config.replace keeps the parse (a run's seeds,
+    train's own check_config parse nothing again) unless mixer or n_layers changes."""
+    parsed = []
+    parse = train.parse_layers
+    monkeypatch.setattr(train, "parse_layers", lambda *a: parsed.append(a) or parse(*a))
+    c = train.make_config(mixer="base_conv:kernel_size=3,base_conv")
+    for seed in (1, 2):
+        train.check_config(c.replace(seed=seed))
+    assert c.replace(seed=3).layers == c.layers and len(parsed) == 1
+    assert c.replace(mixer="h3").layers == [("h3", {})] * 2 and len(parsed) == 2
+    assert c.replace(mixer="h3", n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
+
+
 def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
     layers = train.parse_layers("base_conv:kernel_size=3,base_conv", 2)
     assert layers == [("base_conv", {"kernel_size": 3}), ("base_conv", {})]

@@ -159,6 +159,14 @@ class Config:
             self._parsed = (key, parse_layers(self.mixer, self.n_layers))
         return self._parsed[1]
 
+    def replace(self, **changes):
+        """dataclasses.replace(self, **changes), keeping the parsed layers (`layers` parses
+        again only if the changes touch mixer or n_layers)."""
+        new = dataclasses.replace(self, **changes)
+        if hasattr(self, "_parsed"):
+            new._parsed = self._parsed
+        return new
+
 
 def make_config(preset="cpu", **overrides):
     """A checked Config: the preset's values first, then `overrides` (Config keys) on top.
@@ -2535,7 +2543,7 @@ def run_command(flags, rest):
         return 0
     records = []
     for seed in range(config.seed, config.seed + n_seeds):
-        run = dataclasses.replace(config, seed=seed)
+        run = config.replace(seed=seed)
         path, done = record_path(run), finished_record(run)
         if done:                                     # a run's record is written once
             print(f"already run: {path} (ended {done['ended']}); delete it to run again")
