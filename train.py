@@ -525,6 +525,9 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
                         nn.init.normal_(module.weight, 0.0, 0.02 / math.sqrt(2 * n_layers))
 
 
+# ----------------------------------------------------------------------------------------
+# the loss and the metrics: labelled positions only; a split's accuracy in eval mode
+
 def labelled_loss(model, inputs, labels):
     """Cross-entropy and accuracy at the labelled positions only.
 
@@ -978,6 +981,60 @@ def save_record(record, path):
 
 
 # ----------------------------------------------------------------------------------------
+# one run from the command line (python train.py --key=value ... [--seeds=COUNT]), and
+# the line that summarizes its seeds
+
+def run_command(flags, rest):
+    """--key=value ... [--seeds=COUNT] [--bench]: one run (or COUNT seeds of it, then a
+    summary line), or the training-step benchmark of its model. Returns the exit status."""
+    n_seeds = _positive_flag(flags, "seeds", 1)
+    if "--ar_threshold" in flags or "--samples" in flags:
+        raise ValueError("--ar_threshold and --samples are not allowed without --lm (and "
+                         "--samples without --hf): they set the language-model experiment's "
+                         "AR hits and appendix G samples")
+    config = make_config(**parse_arguments(rest))
+    if "--bench" in flags:
+        bench(config)
+        return 0
+    records = []
+    for seed in range(config.seed, config.seed + n_seeds):
+        run = config.replace(seed=seed)
+        path, done = record_path(run), finished_record(run)
+        if done:                                     # a run's record is written once
+            print(f"already run: {path} (ended {done['ended']}); delete it to run again")
+            records.append(done)
+            continue
+        try:
+            records.append(train(run))
+        except KeyboardInterrupt:
+            print(f"interrupted; record written to {path}", file=sys.stderr)
+            return 130
+        print(f"record: {path}")
+    print(runs_table(records))
+    if n_seeds > 1:
+        print(summarize(records))
+    return 0
+
+
+def summarize(records):
+    """One line over runs that differ only in seed: how many passed the target, and the
+    median and range of their steps and training seconds, a run that never passed counting
+    as longer than any that did (its figure then prints as "> n", n its last step)."""
+    def spread(values, finished):
+        ranked = sorted(zip([not f for f in finished], values))   # unfinished runs last
+        n = len(ranked)
+        show = lambda i: ("> " if ranked[i][0] else "") + f"{ranked[i][1]:g}"
+        median = (show(n // 2) if n % 2 or ranked[n // 2][0]     # odd n, or a middle one unfinished
+                  else f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}")
+        return f"median {median} (min {show(0)}, max {show(n - 1)})"
+    finished = [r["ended"] == "target_reached" for r in records]
+    return (f"{sum(finished)}/{len(records)} runs passed validation accuracy "
+            f"{records[0]['config']['target_acc']}; steps "
+            f"{spread([r['steps'] for r in records], finished)}; training seconds "
+            f"{spread([r['train_time_s'] for r in records], finished)}")
+
+
+# ----------------------------------------------------------------------------------------
 # the benchmark: labelled-only projection vs logits at every position
 
 def bench(config):
@@ -1424,6 +1481,9 @@ def submit_sweep(name, scale, cluster="slurm", partition="", time_min=60, gpus_p
         else:
             os.environ["PYTHONPATH"] = previous
 
+
+# ----------------------------------------------------------------------------------------
+# a sweep's records, and the statistics of its cells: means, intervals, width trends
 
 def load_records(folder):
     """Every run record in `folder` (none if it does not exist), one per run. A file that is
@@ -2375,25 +2435,9 @@ def plot_appendix_g(curves, path, title):
 
 
 # ----------------------------------------------------------------------------------------
-# the command line: one function per command (the main job, one run, a sweep, a table, a
-# figure, the LM experiment, appendix G on a pretrained model), which main dispatches to
-
-def summarize(records):
-    """One line over runs that differ only in seed: how many passed the target, and the
-    median and range of their steps and training seconds, a run that never passed counting
-    as longer than any that did (its figure then prints as "> n", n its last step)."""
-    def spread(values, finished):
-        ranked = sorted(zip([not f for f in finished], values))   # unfinished runs last
-        n = len(ranked)
-        show = lambda i: ("> " if ranked[i][0] else "") + f"{ranked[i][1]:g}"
-        median = (show(n // 2) if n % 2 or ranked[n // 2][0]     # odd n, or a middle one unfinished
-                  else f"{(ranked[n // 2 - 1][1] + ranked[n // 2][1]) / 2:g}")
-        return f"median {median} (min {show(0)}, max {show(n - 1)})"
-    finished = [r["ended"] == "target_reached" for r in records]
-    return (f"{sum(finished)}/{len(records)} runs passed validation accuracy "
-            f"{records[0]['config']['target_acc']}; steps "
-            f"{spread([r['steps'] for r in records], finished)}; training seconds "
-            f"{spread([r['train_time_s'] for r in records], finished)}")
+# the command line: one function per command (a sweep or the main job, its Slurm submission,
+# a table, a figure, the LM experiment, appendix G on a pretrained model; one run's is
+# run_command, after the loop), and main, which dispatches to them
 
 
 def plot_curves(records, path):
@@ -2527,38 +2571,6 @@ def lm_command(flags, rest):
         print(f"{titles[part]}\n{table}\n")
     out_dir = overrides.get("out_dir", LM_RECIPE["out_dir"])
     print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
-
-
-def run_command(flags, rest):
-    """--key=value ... [--seeds=COUNT] [--bench]: one run (or COUNT seeds of it, then a
-    summary line), or the training-step benchmark of its model. Returns the exit status."""
-    n_seeds = _positive_flag(flags, "seeds", 1)
-    if "--ar_threshold" in flags or "--samples" in flags:
-        raise ValueError("--ar_threshold and --samples are not allowed without --lm (and "
-                         "--samples without --hf): they set the language-model experiment's "
-                         "AR hits and appendix G samples")
-    config = make_config(**parse_arguments(rest))
-    if "--bench" in flags:
-        bench(config)
-        return 0
-    records = []
-    for seed in range(config.seed, config.seed + n_seeds):
-        run = config.replace(seed=seed)
-        path, done = record_path(run), finished_record(run)
-        if done:                                     # a run's record is written once
-            print(f"already run: {path} (ended {done['ended']}); delete it to run again")
-            records.append(done)
-            continue
-        try:
-            records.append(train(run))
-        except KeyboardInterrupt:
-            print(f"interrupted; record written to {path}", file=sys.stderr)
-            return 130
-        print(f"record: {path}")
-    print(runs_table(records))
-    if n_seeds > 1:
-        print(summarize(records))
-    return 0
 
 
 def check_flags(flags, rest):
