@@ -2751,7 +2751,8 @@ class RWKV7(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
-# the registry: one plain dict
+# the registry: name -> paper-form class (MIXERS), name -> official form (OFFICIAL_FORMS),
+# and the two functions that look a mixer up in them
 
 MIXERS = {
     "attention": Attention,
