@@ -1568,9 +1568,77 @@ PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
 
 
 def paper_points(sweep, label, seq_len):
-    """Figure 2's read-off (d, accuracy) points for a model at N = seq_len (none elsewhere)."""
+    """Figure 2's read-off (d, accuracy) points for a model at N = seq_len (none elsewhere):
+    the tables' column (the figures read figure2_points, by the run's model and task)."""
     values = PAPER_FIG2.get(label, {}).get(seq_len, ()) if sweep == "fig2" else ()
     return list(zip((64, 128, 256, 512), values))
+
+
+def figure2_model(config):
+    """The key of PAPER_FIG2 for the model `config` trains, if it is a model of Figure 2 on
+    Figure 2's task, else None: its label is that key, its mixer the stack the fig2 sweep
+    trains under that label (cpu scale, or --preset=figure2's official forms), its (N, D)
+    one of Figure 2's (PAPER_GRID) and its α Figure 2's 0.01. So the main job's, f2's,
+    hybrids' and the frontier's BaseConv (the paper's short-then-long stack) have Figure 2's
+    values; the frontier's "attention" (BaseConv, then attention) and Figure 6's runs
+    (α = 0.1) have none."""
+    label = config.label
+    if (label not in PAPER_FIG2 or (config.seq_len, config.num_kv_pairs) not in PAPER_GRID["nd"]
+            or config.power_a != figure2_values(config)["power_a"]):
+        return None
+    cpu = {name: mixer for grid in SWEEPS["fig2"]["cpu"] for name, mixer in grid["models"].items()}
+    official = make_config(preset="figure2", mixer=label, seq_len=config.seq_len,
+                           num_kv_pairs=config.num_kv_pairs, n_layers=config.n_layers).mixer
+    return label if config.mixer in (cpu.get(label), official) else None
+
+
+def figure2_points(config):
+    """Figure 2's (d, accuracy) points (PAPER_FIG2, read off the plot) for the model and
+    (N, D) of `config` (figure2_model); [] where Figure 2 has none."""
+    label = figure2_model(config)
+    return list(zip((64, 128, 256, 512), PAPER_FIG2[label][config.seq_len])) if label else []
+
+
+def figure2_value(config):
+    """Figure 2's accuracy for the cell (model, N, D, d) of `config`, or None."""
+    return dict(figure2_points(config)).get(config.d_model)
+
+
+PAPER_NOTE = "x: the paper's Figure 2 (c = 8192, its own budget; read off the plot, ± 0.03)"
+
+
+def sweep_scale(name, records):
+    """The scale of SWEEPS[name] ("cpu" or "paper") whose runs `records` are; "" when no
+    scale of it lists them all (a record copied from another sweep's folder counts as the
+    run it is: out_dir is not part of a run's identity)."""
+    runs = {identity(Config(**r["config"])) for r in records}
+    for scale in SWEEPS.get(name, {}):
+        if runs <= {identity(make_config(**o)) for _, o in sweep_runs(name, scale)}:
+            return scale
+    return ""
+
+
+def scale_text(name, records):
+    """"cpu scale" or "paper scale" (sweep_scale), or what else the runs are."""
+    scale = sweep_scale(name, records)
+    return f"{scale} scale" if scale else "runs of no scale of its sweep"
+
+
+def budget_text(records):
+    """The task and training budget of `records`, each distinct value listed: "c = 512, at
+    most 8,000 steps of 128 examples" (at most: a run stops early at its target_acc)."""
+    steps = lambda c: (c["budget_steps"] if 0 < c["budget_steps"] < c["max_steps"]
+                       else c["max_steps"])
+    vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
+    budgets = sorted({(steps(r["config"]), r["config"]["batch_size"]) for r in records})
+    return f"c = {vocab}, at most " + ", ".join(f"{s:,} steps of {b:,}"
+                                                  for s, b in budgets) + " examples"
+
+
+def seeds_text(records):
+    """"seed 0" or "seeds 0, 1, 2": the seeds of `records`."""
+    seeds = sorted({r["seed"] for r in records})
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
 
 
 def reachable(config, q, k):
@@ -1647,9 +1715,39 @@ def model_color(label):
     return matplotlib.colormaps["tab20" if index < 20 else "tab20b"](index % 20)
 
 
-def dodge(x, i, n, spread=0.05):
-    """x moved right or left, on a log axis, for the i-th of n series that share it."""
+def dodge(x, i, n, spread=0.1):
+    """x moved right or left, on a log axis, for the i-th of n series that share it: by
+    `spread` octaves between neighbours (0.1: some 7 pixels where a panel spans 4 octaves
+    in 2.4 inches at 120 dpi, more than a marker's width), so that no two series sit on one
+    spot."""
     return x * 2 ** (spread * (i - (n - 1) / 2))
+
+
+MARKERS = "os^vDP*Xph<>"        # one marker per model within a figure, beside its colour
+
+
+def model_markers(labels):
+    """{label: marker} for the models of one figure, in their order (MARKERS, cycled)."""
+    return {label: MARKERS[i % len(MARKERS)] for i, label in enumerate(labels)}
+
+
+def wrapped(text, width_in, fontsize=9):
+    """`text` with each of its lines broken between words to fit `width_in` inches (less a
+    margin) at `fontsize` points, each word's width measured in matplotlib's default font,
+    so that no title is clipped."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+    width = lambda s: TextPath((0, 0), s, size=fontsize, prop=FontProperties()).get_extents().width
+    lines = []
+    for line in text.split("\n"):
+        words = line.split(" ")
+        lines.append(words[0])
+        for word in words[1:]:
+            if width(f"{lines[-1]} {word}") > 0.92 * 72 * width_in:
+                lines.append(word)
+            else:
+                lines[-1] += f" {word}"
+    return "\n".join(lines)
 
 
 def plotted_records(name):
