@@ -1777,9 +1777,12 @@ def save_figure(fig, path):
 
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
-    validation) against the x key, one panel per panel key, the paper's values as faint
-    crosses; results/<name>_state.png: accuracy against recurrent state size, the same
-    panels, one line per model; results/<name>_curves.png: the first seed's learning curves.
+    validation) against the x key, one panel per panel key, the models of a panel dodged
+    apart (dodge), or side by side as bars where the sweep has one cell per model, the
+    paper's values (figure2_points) as crosses; results/<name>_state.png: accuracy against
+    recurrent state size, the same panels, one line per model, dodged alike;
+    results/<name>_curves.png: the first seed's learning curves (plot_curves). Every model
+    in its colour (model_color) and marker (model_markers), the titles the scale and budget.
     Returns (the cells' rows, the paths written)."""
     plt = pyplot()
     import matplotlib.ticker
@@ -1792,34 +1795,53 @@ def plot_sweep(name):
     panels = sorted({panel_of(r) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
     colors = {label: model_color(label) for label in labels}
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
+    markers = model_markers(labels)
+    config_of = lambda row: Config(**row["runs"][0]["config"])
+    in_panel = lambda panel: [label for label in labels if any(
+        r["label"] == label and panel_of(r) == panel for r in rows)]
+    heading, budget = f"{name} at {scale_text(name, records)}", budget_text(records)
+    several = max(r["seeds"] for r in rows) > 1                 # seeds to take a mean over
+    seeds = (f"mean and 95% interval over {seeds_text(records)}" if several
+             else f"{seeds_text(records)}, no interval")
+    drew_paper = False
+    bars = any(len({r[x_key] for r in rows if panel_of(r) == panel}) == 1 for panel in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)),
+                                                      4.4 if bars else 3.4),   # bars: names
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        in_panel = [label for label in labels
-                    if any(r["label"] == label and panel_of(r) == panel for r in rows)]
-        single = len({r[x_key] for r in rows if panel_of(r) == panel}) == 1
-        for i, label in enumerate(in_panel):
-            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
-            x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
-            half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
+        here_labels = in_panel(panel)
+        single = len({r[x_key] for r in rows if panel_of(r) == panel}) == 1   # bars, below
+        for i, label in enumerate(here_labels):
+            here = sorted((r for r in rows if r["label"] == label and panel_of(r) == panel),
+                          key=lambda r: r[x_key])
+            x, y = [r[x_key] for r in here], [r["test_acc"] for r in here]
+            half = [0 if math.isnan(r["interval"]) else r["interval"] for r in here]
             err = [[min(h, v) for h, v in zip(half, y)],                     # within [0, 1]
                    [min(h, 1 - v) for h, v in zip(half, y)]]
+            paper = {(r[x_key], figure2_value(config_of(r))) for r in here}  # the cells'
+            if x_key == "d_model":                   # and Figure 2's other widths at (N, D)
+                paper |= set(figure2_points(config_of(here[0])))
+            paper = sorted((px, py) for px, py in paper if py is not None)
+            drew_paper |= bool(paper)
             if single:                           # one x for every model: bars side by side
                 ax.bar(i, y[0], yerr=[[e[0]] for e in err], capsize=2, color=colors[label],
                        label=label)
+                if paper:                            # black: a cross on its own colour hides
+                    ax.scatter([i], [paper[0][1]], marker="x", s=30, color="black", zorder=3)
                 continue
-            ax.errorbar([dodge(v, i, len(in_panel)) for v in x], y, yerr=err, marker="o",
-                        ms=3, capsize=2, color=colors[label], label=label)
-            paper = paper_points(name, label, here[0]["seq_len"])
-            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.5,
-                       color=colors[label])
+            ax.errorbar([dodge(v, i, len(here_labels)) for v in x], y, yerr=err,
+                        marker=markers[label], ms=3.5, capsize=2, color=colors[label],
+                        label=label)
+            if paper:
+                ax.scatter(*zip(*paper), marker="x", alpha=0.6, color=colors[label])
             if name == "fig6":                   # the best a model can do: its reach bound
-                bound = [cell_reach_bound(r) for r in sorted(here, key=lambda r: r[x_key])]
+                bound = [cell_reach_bound(r) for r in here]
                 if min(bound) < 1:
-                    ax.plot([dodge(v, i, len(in_panel)) for v in x], bound, ls="--", lw=1,
+                    ax.plot([dodge(v, i, len(here_labels)) for v in x], bound, ls="--", lw=1,
                             color=colors[label])
         if single:                               # the bars named below them
-            ax.set_xticks(range(len(in_panel)), in_panel, rotation=30, ha="right", fontsize=7)
+            ax.set_xticks(range(len(here_labels)), here_labels, rotation=30, ha="right",
+                          fontsize=7)
             ax.set_xlabel(f"{SYMBOLS[x_key]} = {rows[0][x_key]}")
         else:
             ax.set_xscale("log", base=2)
@@ -1827,13 +1849,11 @@ def plot_sweep(name):
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(SYMBOLS[x_key])
         ax.set_title(title(panel), fontsize=9)
-    vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
-    steps = ", ".join(f"{s:,}" for s in sorted({r["config"]["max_steps"] for r in records}))
-    budget = f"c = {vocab}, at most {steps} steps"
-    paper = {"fig2": "\n(x: the paper's Figure 2 at c = 8192, read off the plot)",
-             "fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
-             }.get(name, "")
-    fig.suptitle(f"{name}, {budget}\nmean and 95% interval over seeds{paper}", fontsize=9)
+    notes = {"fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
+             }.get(name, "") + (f"\n({PAPER_NOTE})" if drew_paper else "")
+    width = fig.get_figwidth()
+    fig.suptitle(wrapped(f"{heading}: {budget}\n{seeds}{notes}", width),
+                 fontsize=9)
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     if not single:                               # one legend for every panel's models
         handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
@@ -1841,29 +1861,38 @@ def plot_sweep(name):
                            loc="upper left", bbox_to_anchor=(1.01, 1))
     save_figure(fig, f"results/{name}.png")
     # the same panels, against the state each model carries: one line per model through its
-    # widths (Figure 2's right-hand picture)
+    # widths (Figure 2's right-hand picture), dodged as above: models of one state (the
+    # selections of hybrids) would sit on one spot
     fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5, 4 * len(panels)), 3.8),
                              squeeze=False, sharey=True)
-    config_of = lambda row: Config(**next(r["config"] for r in records if all(
-        r["config"][k] == row[k] for k in CELL_KEYS)))
     for ax, panel in zip(axes[0], panels):
-        for label in labels:
-            points = sorted((state_size(config_of(r)), r["test_acc"]) for r in rows
-                            if r["label"] == label and panel_of(r) == panel)
-            if points:
-                ax.plot(*zip(*points), marker="o", ms=3, color=colors[label])
+        here_labels = in_panel(panel)
+        for i, label in enumerate(here_labels):
+            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
+            points = sorted(((state_size(config_of(r)), r["test_acc"],
+                             figure2_value(config_of(r))) for r in here), key=lambda p: p[:2])
+            ax.plot([dodge(s, i, len(here_labels)) for s, _, _ in points],
+                    [a for _, a, _ in points], marker=markers[label], ms=3.5,
+                    color=colors[label], label=label)
+            paper = [(s, p) for s, _, p in points if p is not None]
+            if paper:
+                ax.scatter(*zip(*paper), marker="x", alpha=0.6, color=colors[label])
         ax.set_xscale("symlog", linthresh=1)        # a state of 0 (blocked attention at t = N)
         ax.set_xlabel("recurrent state, numbers per example (all layers)", fontsize=8)
         ax.set_title(title(panel), fontsize=9)
-    for label in labels:                                        # one legend for every panel
-        axes[0][-1].plot([], [], marker="o", ms=3, color=colors[label], label=label)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
+    axes[0][-1].legend([handles[label] for label in labels], labels, fontsize=7,
+                       loc="upper left", bbox_to_anchor=(1.01, 1))   # one for every panel
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
-    fig.suptitle(f"{name}: accuracy against recurrent state size ({SYMBOLS[x_key]} along each "
-                 f"line)\n{budget}", fontsize=9)
+    paper = f"\n({PAPER_NOTE})" if drew_paper else ""
+    fig.suptitle(wrapped(f"{heading}: accuracy against recurrent state size ({SYMBOLS[x_key]} "
+                         f"along each line)\n{budget}; {'mean over ' if several else ''}"
+                         f"{seeds_text(records)}{paper}", fig.get_figwidth()),
+                 fontsize=9)
     save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
-    plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
+    plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png",
+                name)
     return rows, [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
 
 
@@ -2486,32 +2515,61 @@ def summarize(records):
             f"{spread([r['train_time_s'] for r in records], finished)}")
 
 
-def plot_curves(records, path):
+CURVE_STYLES = ("-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))   # dotted (":") is the paper's
+
+
+def plot_curves(records, path, name=None):
     """Test accuracy against training examples seen, one line per run (its history; where
-    an evaluation scored only the probe, the first eval_probe test examples, that score)."""
+    an evaluation scored only the probe, the first eval_probe test examples, that score,
+    hollow): one colour per model (model_color), one line style and marker per cell
+    (N, D, d), each named once in the legend; the paper's Figure 2 value of a run's cell
+    (figure2_value) dotted in its colour. The title says the scale (of sweep `name`, by
+    default the one the records' out_dir names), the budget and the seeds."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
-    colors, shapes = {}, {}      # one colour per model, one line style and marker per (N, D, d)
+    from matplotlib.lines import Line2D
     shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
-    for r in sorted(records, key=lambda r: (r["config"]["label"] or r["config"]["mixer"],
-                                            shape(r["config"]))):
+    model = lambda c: c["label"] or c["mixer"]
+    labels = sorted({model(r["config"]) for r in records})
+    shapes = sorted({shape(r["config"]) for r in records})
+    style = lambda s: dict(ls=CURVE_STYLES[shapes.index(s) % len(CURVE_STYLES)],
+                           marker="os^vDx"[shapes.index(s) % 6])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    papers = {}
+    for r in sorted(records, key=lambda r: (model(r["config"]), shape(r["config"]))):
         c, h = r["config"], r["history"]
-        label = c["label"] or c["mixer"]
-        color = colors.setdefault(label, model_color(label))
-        i = shapes.setdefault(label, {}).setdefault(shape(c), len(shapes[label]))
+        label, color = model(c), model_color(model(c))
         x = [e["step"] * c["batch_size"] for e in h]
-        ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
-                ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
-                label="{} N={} D={} d={}".format(label, *shape(c)))
+        ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color, ms=3,
+                label="{} N={} D={} d={}".format(label, *shape(c)), **style(shape(c)))
         probes = [(xe, e["test_probe"]) for xe, e in zip(x, h) if "test_acc" not in e]
         if probes:                               # a probe's score: hollow
-            ax.plot(*zip(*probes), ls="", marker="os^vDx"[i % 6], ms=3, color="white",
-                    markeredgecolor=color)
-    ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
-           title="MQAR, c = " + ", ".join(sorted({str(r["config"]["vocab_size"])
-                                                   for r in records}))
-           + " (hollow: the first 500 test examples, a probe; filled: all)")
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+            ax.plot(*zip(*probes), ls="", marker=style(shape(c))["marker"], ms=3,
+                    color="white", markeredgecolor=color)
+        paper = figure2_value(Config(**c))
+        if paper is not None:
+            papers[label, shape(c)] = paper, color
+    handles = [Line2D([], [], color=model_color(label), lw=2, label=label) for label in labels]
+    handles += [Line2D([], [], color="0.3", ms=3, label="N={} D={} d={}".format(*s), **style(s))
+                for s in shapes]
+    for (label, (N, D, d)), (paper, color) in papers.items():
+        handles.append(ax.axhline(paper, color=color, ls=":", lw=1.2,
+                                  label=f"the paper: {label} N={N} D={D} d={d}, {paper:.2f}"))
+    ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02))
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1),
+              ncol=1 if len(handles) <= 24 else 2)
+    counts = lambda key, runs: ", ".join(f"{n:,}" for n in sorted({r["config"][key]
+                                                                     for r in runs}))
+    probed = [r for r in records if any("test_acc" not in e for e in r["history"])]
+    name = name or ", ".join(sorted({Path(r["config"]["out_dir"]).name for r in records}))
+    full = f"all {counts('num_test', records)} test examples"
+    notes = [f"hollow: the first {counts('eval_probe', probed)} test examples (a probe); "
+             f"filled: {full}" if probed else f"every point: {full}"]
+    if papers:
+        notes.append("dotted: the paper's Figure 2 (c = 8192, its own budget; read off the "
+                     "plot, ± 0.03)")
+    fig.suptitle(wrapped(f"{name} at {scale_text(name, records)}, MQAR: "
+                         f"{budget_text(records)}, {seeds_text(records)}\n" + "; ".join(notes),
+                         fig.get_figwidth()), fontsize=9)
     return save_figure(fig, path)
 
 
