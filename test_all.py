@@ -2812,6 +2812,26 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
     assert "seed 0" in title_of(curves)
 
 
+def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch):
+    """fig2_lr (drawn from its committed records, partial while the sweep trains; its PNG is
+    not written): every seed of a panel in the panel's model colour, no two seeds on one
+    spot, the title says the scale and that the steps are at most."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    train.plot_lr("fig2_lr")
+    fig, = figures
+    for ax in fig.axes:
+        if ax.get_title():
+            lines = model_series(ax)
+            assert lines and all(matplotlib.colors.same_color(color, train.model_color(
+                ax.get_title())) for _, color, _ in lines), ax.get_title()
+    assert not spots_shared(fig), spots_shared(fig)
+    title = title_of(fig)
+    assert "cpu scale" in title and "at most 8,000 steps of 128" in title, title
+    assert not clipped_texts(fig), clipped_texts(fig)
+    assert not (REPO / "results" / "fig2_lr.png").exists()
+
+
 def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monkeypatch):
     """results/main.png is current: the main job (python train.py), its training replaced by
     the committed records of results/main, draws the figure plot_curves draws from them,

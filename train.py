@@ -2176,26 +2176,49 @@ def lr_table(name="fig2_lr"):
 
 
 def plot_lr(name="fig2_lr"):
-    """results/<name>.png: test accuracy against the learning rate, one panel per model,
-    one line per seed, PASS dotted. Returns the path."""
+    """results/<name>.png: test accuracy against the learning rate, one panel per model in
+    its colour, one line style and marker per seed, the seeds dodged apart along the lr
+    axis (dodge) so that equal accuracies do not sit on one spot, PASS dotted. The title
+    says the scale, the budget (at most: a run stops at its target) and how many of the
+    sweep's runs have finished. Returns the path."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
     records = plotted_records(name)
     order = model_order(name)
     labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
-    fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
-                             squeeze=False)
+    seeds = sorted({r["seed"] for r in records})
+    scale = sweep_scale(name, records)
+    grid = [o for _, o in sweep_runs(name, scale)] if scale else [r["config"] for r in records]
+    lrs = sorted({o["lr"] for o in grid})                 # the sweep's, also those unfinished
+    done = f"; {len(records)} of its {len(grid)} runs" if len(records) < len(grid) else ""
+    styles = {seed: (("-", "--", ":", "-.")[i % 4], MARKERS[i % len(MARKERS)])
+              for i, seed in enumerate(seeds)}
+    fig, axes = plt.subplots(1, len(labels), figsize=(max(5, 2.6 * len(labels)), 3.2),
+                             sharey=True, squeeze=False)
     for ax, label in zip(axes[0], labels):
         runs = [r for r in records if r["config"]["label"] == label]
-        for seed in sorted({r["seed"] for r in runs}):
+        for seed in seeds:
             points = sorted((r["config"]["lr"], r["test_acc"]) for r in runs if r["seed"] == seed)
-            ax.plot(*zip(*points), marker="o", ms=3, label=f"seed {seed}")
+            if points:
+                ls, marker = styles[seed]
+                ax.plot([dodge(lr, seeds.index(seed), len(seeds), 0.15) for lr, _ in points],
+                        [a for _, a in points], ls=ls, marker=marker, ms=3.5,
+                        color=model_color(label), label=f"seed {seed}")
         ax.axhline(PASS, color="grey", ls=":", lw=1)
-        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02))
+        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02),
+               xlim=(lrs[0] / 1.6, lrs[-1] * 1.6))
+        ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=7)
+        ax.set_xticks([], minor=True)
     c = records[0]["config"]
     axes[0][0].set_ylabel("test accuracy")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
-                 f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
+    axes[0][-1].legend([Line2D([], [], color="0.3", ls=ls, marker=marker, ms=3.5)
+                        for ls, marker in styles.values()], [f"seed {s}" for s in seeds],
+                       fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(wrapped(f"{name} at {scale_text(name, records)}: MQAR N = {c['seq_len']}, "
+                         f"D = {c['num_kv_pairs']}, d = {c['d_model']}, {budget_text(records)} "
+                         f"(a run stops at validation accuracy {c['target_acc']}){done}\n"
+                         f"each seed's test accuracy, the seeds moved apart along the lr "
+                         f"axis; dotted: {PASS}", fig.get_figwidth()), fontsize=9)
     return save_figure(fig, f"results/{name}.png")
 
 
