@@ -2832,6 +2832,26 @@ def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch
     assert not (REPO / "results" / "fig2_lr.png").exists()
 
 
+def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
+    """fig2_epochs: each run in its model's colour (BaseConv at both widths BaseConv's, not
+    another model's), Figure 2's value of each run's cell a dotted line in that colour."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    train.plot_epochs("fig2_epochs")
+    ax, = figures[0].axes
+    runs = [line for line in ax.lines if line.get_marker() not in (None, "None", "")]
+    assert len(runs) == 3
+    for line in runs:
+        label = line.get_label().split(",")[0]
+        assert matplotlib.colors.same_color(line.get_color(), train.model_color(label)), label
+    dotted = {(round(line.get_ydata()[0], 2), matplotlib.colors.to_hex(line.get_color()))
+              for line in ax.lines if line.get_linestyle() == ":"}
+    color = lambda m: matplotlib.colors.to_hex(train.model_color(m))
+    assert dotted == {(0.99, color("attention")), (0.69, color("base_conv")),
+                      (0.92, color("base_conv"))}
+    assert not clipped_texts(figures[0]), clipped_texts(figures[0])
+
+
 def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monkeypatch):
     """results/main.png is current: the main job (python train.py), its training replaced by
     the committed records of results/main, draws the figure plot_curves draws from them,

@@ -2126,25 +2126,34 @@ def epochs_table(name="fig2_epochs"):
 
 def plot_epochs(name="fig2_epochs"):
     """results/<name>.png: test accuracy after every epoch against training examples seen, one
-    line per run, Figure 2's value (N = 64, after its 64 epochs) as a dotted line in the
-    run's colour. Returns the path."""
+    line per run in its model's colour (model_color), one line style and marker per width,
+    Figure 2's value for the run's cell (figure2_value: N = 64, after its 64 epochs) dotted
+    in the run's colour and named with its width. Returns the path."""
     plt = pyplot()
     records = plotted_records(name)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, r in enumerate(sorted(records, key=lambda r: (r["config"]["label"],
-                                                         r["config"]["d_model"]))):
+    widths = sorted({r["config"]["d_model"] for r in records})
+    for r in sorted(records, key=lambda r: (r["config"]["label"], r["config"]["d_model"])):
         c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
-        label = f"{c.label}, d = {c.d_model}, lr {c.lr:g}"
-        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=f"C{i}",
-                marker="o", ms=2.5, label=label)
-        paper = dict(paper_points("fig2", c.label, 64)).get(c.d_model)
+        i, color = widths.index(c.d_model), model_color(c.label)
+        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=color,
+                ls=("-", "--", "-.")[i % 3], marker=MARKERS[i % len(MARKERS)], ms=2.5,
+                label=f"{c.label}, d = {c.d_model}, lr {c.lr:g}")
+        paper = figure2_value(c)
         if paper is not None:
-            ax.axhline(paper, color=f"C{i}", ls=":", lw=1.2)
-            ax.annotate(f"Figure 2: {paper:.2f}", (64 * c.num_train / 1e6, paper), fontsize=7,
-                        color=f"C{i}", ha="right", va="bottom")
-    ax.set(xlabel="training examples seen (millions; 0.1M per epoch)", ylabel="test accuracy",
-           ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01),
-           title="Figure 2 at N = 64 on the paper's budget (--preset=figure2)")
+            ax.axhline(paper, color=color, ls=":", lw=1.2)     # named on the left: the
+            ax.annotate(f"Figure 2, {c.label} d = {c.d_model}: {paper:.2f}",   # curves end
+                        (1.2, paper), fontsize=7, color=color, va="bottom")   # on the right
+    epochs = sorted({r["config"]["max_steps"] // steps_per_epoch(Config(**r["config"]))
+                     for r in records})
+    c = records[0]["config"]
+    ax.set(xlabel=f"training examples seen (millions; {c['num_train'] / 1e6:g}M per epoch)",
+           ylabel="test accuracy", ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01))
+    ax.set_title(wrapped(f"Figure 2 at N = {c['seq_len']}, D = {c['num_kv_pairs']} on the "
+                         f"paper's budget (--preset=figure2): {budget_text(records)} "
+                         f"({', '.join(map(str, epochs))} epochs of {c['num_train']:,}), "
+                         f"{seeds_text(records)}\ndotted: the paper's Figure 2 (read off the "
+                         "plot, ± 0.03)", 6.5), fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     return save_figure(fig, f"results/{name}.png")
 
