@@ -2852,6 +2852,35 @@ def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
     assert not clipped_texts(figures[0]), clipped_texts(figures[0])
 
 
+def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
+    """lm.png from results/lm.json: every bar in its model's colour (the slices told apart
+    by hatching, not by other models' colours), the paper's Table 1 a cross on each slice
+    of the models it has; lm_curves.png names Table 1's perplexities (off its token axis)."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    summary = json.loads((REPO / "results" / "lm.json").read_text())
+    train.plot_lm(summary["rows"], "lm.png", "800 steps")
+    train.plot_lm_curves(summary["rows"], summary["tokens_per_step"], "lm_curves.png",
+                         "800 steps")
+    bars, curves = figures
+    ax = bars.axes[0]
+    labels = list(dict.fromkeys(r["label"] for r in summary["rows"]))
+    patches = [p for p in ax.patches if p.get_width() > 0]
+    assert len(patches) == 3 * len(labels)
+    for i, p in enumerate(patches):
+        name = train.LM_LABELS.get(labels[i % len(labels)], labels[i % len(labels)])
+        assert matplotlib.colors.same_color(p.get_facecolor()[:3], train.model_color(name)[:3])
+    for j, label in enumerate(labels):
+        for i, value in enumerate(train.PAPER_TABLE1.get(label, ())):
+            assert has_point(crosses(ax), j + 0.27 * (i - 1), value), (label, i)
+    legend = " ".join(t.get_text() for t in curves.axes[0].get_legend().get_texts())
+    for label in labels:
+        if label in train.PAPER_TABLE1:
+            assert f"{train.PAPER_TABLE1[label][0]:.2f}" in legend, label
+    for fig in figures:
+        assert not clipped_texts(fig), clipped_texts(fig)
+
+
 def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monkeypatch):
     """results/main.png is current: the main job (python train.py), its training replaced by
     the committed records of results/main, draws the figure plot_curves draws from them,

@@ -2410,36 +2410,53 @@ def gap_share_text(share, ppl, ppl_attention):
     return f"{100 * share:.0f}%" if ppl > ppl_attention else "no gap"
 
 
+LM_SLICES = [("ppl", "all tokens", ""), ("ppl_ar", "AR hits", "////"),    # key, name, hatch
+             ("ppl_other", "other tokens", "....")]
+
+
 def plot_lm(rows, path, budget):
-    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model:
-    each bar the geometric mean over the model's seeds (the perplexity of their tokens
-    pooled), each seed a dot."""
+    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model in
+    its colour (model_color), the slices told apart by hatching: each bar the geometric mean
+    over the model's seeds (the perplexity of their tokens pooled), each seed a dot, the
+    paper's Table 1 (PAPER_TABLE1: models of 125-169M parameters after 10B tokens of the
+    Pile) a black cross on the bar of its model and slice."""
     plt = pyplot()
+    from matplotlib.patches import Patch
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for i, (key, name) in enumerate([("ppl", "all tokens"), ("ppl_ar", "AR hits"),
-                                     ("ppl_other", "other tokens")]):
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for i, (key, name, hatch) in enumerate(LM_SLICES):
         x = [j + 0.27 * (i - 1) for j in range(len(labels))]
         seeds = [[r[key] for r in rows if r["label"] == label] for label in labels]
-        ax.bar(x, [math.exp(np.mean(np.log(v))) for v in seeds], width=0.27, label=name,
-               color=f"C{i}", alpha=0.7)
+        ax.bar(x, [math.exp(np.mean(np.log(v))) for v in seeds], width=0.27, hatch=hatch,
+               color=[model_color(LM_LABELS.get(label, label)) for label in labels],
+               edgecolor="white", linewidth=0)
         for xi, v in zip(x, seeds):
             ax.plot([xi] * len(v), v, "k.", ms=3)
+        paper = [(xi, PAPER_TABLE1[label][i]) for xi, label in zip(x, labels)
+                 if label in PAPER_TABLE1]
+        if paper:
+            ax.scatter(*zip(*paper), marker="x", s=25, color="black", zorder=3)
     ax.set_xticks(range(len(labels)), [LM_LABELS.get(label, label) for label in labels],
-                  fontsize=7)
-    ax.set(ylabel="perplexity (log scale)", yscale="log",
-           title=f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}")
-    ax.legend(fontsize=8)
+                  fontsize=7, rotation=20, ha="right")
+    ax.set(ylabel="perplexity (log scale)", yscale="log")
+    ax.set_title(wrapped(f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}",
+                         7), fontsize=10)
+    handles = [Patch(facecolor="0.6", edgecolor="white", hatch=hatch, label=name)
+               for _, name, hatch in LM_SLICES]
+    handles.append(ax.scatter([], [], marker="x", s=25, color="black",
+                              label="the paper's Table 1 (125-169M\nparameters, 10B Pile tokens)"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save_figure(fig, path)
 
 
 def plot_lm_curves(rows, tokens_per_step, path, budget):
     """Validation perplexity against training tokens, log-log (where a power law is a
     line, so that the reader sees where each curve is heading): one colour per model, one
-    line style per seed, each model at its chosen rate."""
+    line style per seed, each model at its chosen rate. The paper's Table 1 (overall
+    perplexity after 10B tokens) lies far right of this axis: its values are in the legend."""
     plt = pyplot()
     seeds = sorted({r["seed"] for r in rows})
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     for r in rows:
         if not r["curve"]:
             continue
@@ -2448,11 +2465,19 @@ def plot_lm_curves(rows, tokens_per_step, path, budget):
         ax.plot([s * tokens_per_step for s in steps], np.exp(loss), marker="o", ms=3,
                 color=model_color(name), ls=("-", "--", ":", "-.")[seeds.index(r["seed"]) % 4],
                 label=f"{name} (lr {r['lr']:g}, seed {r['seed']})")
+    paper = [label for label in dict.fromkeys(r["label"] for r in rows) if label in PAPER_TABLE1]
+    for label in paper:                                 # legend entries only: off the axis
+        name = LM_LABELS.get(label, label)
+        ax.plot([], [], ls="", marker="x", color=model_color(name),
+                label=f"{name}: the paper's {PAPER_TABLE1[label][0]:.2f}")
+    note = ("\nthe paper's Table 1 (10B Pile tokens, 125-169M parameters) is off this "
+            "axis: its overall perplexity in the legend" if paper else "")
     ax.set(xscale="log", yscale="log", xlabel="training tokens",
-           ylabel="validation perplexity (full split)",
-           title=f"validation perplexity while training\n{budget}")
+           ylabel="validation perplexity (full split)")
+    ax.set_title(wrapped(f"validation perplexity while training\n{budget}{note}", 5.5),
+                 fontsize=9)
     if any(r["curve"] for r in rows):
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     else:
         ax.text(0.5, 0.5, "no validation split (num_valid = 0)", ha="center",
                 transform=ax.transAxes)
