@@ -2855,7 +2855,8 @@ def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
 def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
     """lm.png from results/lm.json: every bar in its model's colour (the slices told apart
     by hatching, not by other models' colours), the paper's Table 1 a cross on each slice
-    of the models it has; lm_curves.png names Table 1's perplexities (off its token axis)."""
+    of the models it has; lm_curves.png names Table 1's perplexities (off its token axis),
+    and draws no curve without a validation split."""
     monkeypatch.chdir(REPO)
     figures = drawn_figures(monkeypatch)
     summary = json.loads((REPO / "results" / "lm.json").read_text())
@@ -2879,6 +2880,9 @@ def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
             assert f"{train.PAPER_TABLE1[label][0]:.2f}" in legend, label
     for fig in figures:
         assert not clipped_texts(fig), clipped_texts(fig)
+    train.plot_lm_curves([dict(r, curve=[]) for r in summary["rows"]],    # no validation split
+                         summary["tokens_per_step"], "lm_curves.png", "800 steps")
+    assert "no validation split" in figures[-1].axes[0].texts[0].get_text()
 
 
 def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monkeypatch):

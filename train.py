@@ -2455,6 +2455,7 @@ def plot_lm_curves(rows, tokens_per_step, path, budget):
     line style per seed, each model at its chosen rate. The paper's Table 1 (overall
     perplexity after 10B tokens) lies far right of this axis: its values are in the legend."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
     seeds = sorted({r["seed"] for r in rows})
     fig, ax = plt.subplots(figsize=(7.5, 4))
     for r in rows:
@@ -2465,19 +2466,21 @@ def plot_lm_curves(rows, tokens_per_step, path, budget):
         ax.plot([s * tokens_per_step for s in steps], np.exp(loss), marker="o", ms=3,
                 color=model_color(name), ls=("-", "--", ":", "-.")[seeds.index(r["seed"]) % 4],
                 label=f"{name} (lr {r['lr']:g}, seed {r['seed']})")
-    paper = [label for label in dict.fromkeys(r["label"] for r in rows) if label in PAPER_TABLE1]
-    for label in paper:                                 # legend entries only: off the axis
-        name = LM_LABELS.get(label, label)
-        ax.plot([], [], ls="", marker="x", color=model_color(name),
-                label=f"{name}: the paper's {PAPER_TABLE1[label][0]:.2f}")
+    curves = any(r["curve"] for r in rows)
+    paper = [label for label in dict.fromkeys(r["label"] for r in rows)
+             if label in PAPER_TABLE1 and curves]
     note = ("\nthe paper's Table 1 (10B Pile tokens, 125-169M parameters) is off this "
             "axis: its overall perplexity in the legend" if paper else "")
     ax.set(xscale="log", yscale="log", xlabel="training tokens",
            ylabel="validation perplexity (full split)")
     ax.set_title(wrapped(f"validation perplexity while training\n{budget}{note}", 5.5),
                  fontsize=9)
-    if any(r["curve"] for r in rows):
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if curves:                                   # Table 1 in the legend only: off the axis
+        handles = ax.get_legend_handles_labels()[0] + [
+            Line2D([], [], ls="", marker="x", color=model_color(LM_LABELS.get(label, label)),
+                   label=f"{LM_LABELS.get(label, label)}: the paper's {PAPER_TABLE1[label][0]:.2f}")
+            for label in paper]
+        ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     else:
         ax.text(0.5, 0.5, "no validation split (num_valid = 0)", ha="center",
                 transform=ax.transAxes)
