@@ -2679,7 +2679,8 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
 
 def drawn_figures(monkeypatch):
     """The figures the plotting functions draw, laid out as save_figure lays them out, kept
-    instead of written (the list fills as they draw)."""
+    instead of written (the list fills as they draw); those kept by an earlier test closed."""
+    train.pyplot().close("all")
     figures = []
 
     def keep(fig, path):
