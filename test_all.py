@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
+import matplotlib.colors
 import numpy as np
 import pytest
 import torch
@@ -2747,6 +2749,244 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
     for fig in figures[:2]:                                  # accuracy, and against state
         legend = fig.axes[-1].get_legend()                   # the last panel's
         assert [t.get_text() for t in legend.get_texts()] == ["attention", "h3"]
+
+
+# figures a reader can read: the checks below draw the committed figures' records again
+# (save_figure kept from writing) and read what the figures hold
+
+def drawn_figures(monkeypatch):
+    """The figures the plotting functions draw, laid out as save_figure lays them out, kept
+    instead of written (the list fills as they draw); those kept by an earlier test closed."""
+    train.pyplot().close("all")
+    figures = []
+
+    def keep(fig, path):
+        fig.tight_layout()
+        fig.canvas.draw()
+        figures.append(fig)
+        return path
+    monkeypatch.setattr(train, "save_figure", keep)
+    return figures
+
+
+def model_series(ax):
+    """(label, colour, points in pixels) of every marked series of `ax`: an errorbar's data
+    line, a plotted line with markers."""
+    series, in_errorbars = [], set()
+    for container in ax.containers:
+        if type(container).__name__ == "ErrorbarContainer":
+            line, caps, _ = container.lines
+            in_errorbars |= set(map(id, caps))
+            if line is not None:                 # None: a bar's error bar
+                in_errorbars.add(id(line))
+                series.append((container.get_label(), line.get_color(), line))
+    series += [(line.get_label(), line.get_color(), line) for line in ax.lines
+               if id(line) not in in_errorbars and line.get_marker() not in (None, "None", "")
+               and len(line.get_xdata())]
+    return [(label, color, ax.transData.transform(line.get_xydata()))
+            for label, color, line in series]
+
+
+def spots_shared(fig, pixels=1.5):
+    """Pairs of series of one axes with a point each within `pixels` of each other in both
+    directions: two series on one spot."""
+    shared = []
+    for ax in fig.axes:
+        series = model_series(ax)
+        for i, (a, _, pa) in enumerate(series):
+            for b, _, pb in series[i + 1:]:
+                near = (np.abs(pa[:, None, :] - pb[None, :, :]) < pixels).all(-1)
+                if near.any():
+                    shared.append((ax.get_title(), a, b))
+    return shared
+
+
+def clipped_texts(fig):
+    """The titles, axis labels and legend texts of `fig` that reach past its edges."""
+    renderer = fig.canvas.get_renderer()
+    texts = list(fig.texts)
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        if ax.get_legend():
+            texts += ax.get_legend().get_texts()
+    width, height = fig.bbox.width, fig.bbox.height
+    return [t.get_text() for t in texts if t.get_visible() and t.get_text().strip()
+            for box in [t.get_window_extent(renderer)]
+            if box.x0 < -1 or box.y0 < -1 or box.x1 > width + 1 or box.y1 > height + 1]
+
+
+def title_of(fig):
+    """The figure's suptitle, else its first axes' title."""
+    return fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+
+
+def crosses(ax):
+    """The points of the scatter collections of `ax` (the paper's values), in data units."""
+    return [tuple(p) for c in ax.collections if type(c).__name__ == "PathCollection"
+            for p in c.get_offsets()]
+
+
+def has_point(points, x, y):
+    return any(math.isclose(px, x, rel_tol=1e-9) and abs(py - y) < 1e-9 for px, py in points)
+
+
+# each sweep figure: where the paper's Figure 2 has the (model, N, D, d) cell, (panel title,
+# model, x) of the cross; a bar's x is the model's place among the bars
+PAPER_CELLS = {
+    "fig2": [("N = 64, D = 4", "attention", d) for d in (64, 128, 256, 512)]
+    + [("N = 64, D = 4", m, d) for m in ("base_conv", "h3", "hyena", "rwkv")
+       for d in (64, 128, 256, 512)],
+    "f2": [("N = 64, D = 4", m, 64) for m in ("base_conv", "h3", "hyena")],
+    "hybrids": [("d = 64", m, 64) for m in ("attention", "base_conv")],
+    "frontier": [("N = 64, D = 4", "base_conv", d) for d in (64, 128, 256, 512)],
+    "fig6": []}                      # α = 0.1: not Figure 2's task, and no Figure 6 values
+
+
+@pytest.mark.parametrize("name", list(PAPER_CELLS))
+def test_sweep_figures_can_be_read(name, monkeypatch):
+    """The committed records of each sweep drawn again (results/<name>.png, _state.png,
+    _curves.png): every model in its colour (model_color) in every figure; no two models
+    on one spot (within 1.5 pixels) in the accuracy and state figures; the paper's Figure 2
+    value a cross wherever Figure 2 has the cell; every title says the scale and the budget
+    (the curves also the seed) and fits in its figure."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    train.plot_sweep(name)
+    accuracy, state, curves = figures
+    for fig in (accuracy, state):
+        assert not spots_shared(fig), spots_shared(fig)
+        for ax in fig.axes:
+            for label, color, _ in model_series(ax):
+                assert matplotlib.colors.same_color(color, train.model_color(label)), label
+            for bars in ax.containers:
+                if type(bars).__name__ == "BarContainer":
+                    assert matplotlib.colors.same_color(bars.patches[0].get_facecolor(),
+                                                        train.model_color(bars.get_label()))
+    for ax in curves.axes:                   # a run's line, and its model in the legend
+        legend = ax.get_legend()
+        named = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+        for line in ax.lines:
+            if not line.get_label().startswith("_") and "paper" not in line.get_label():
+                label = line.get_label().split(" N=")[0]
+                assert matplotlib.colors.same_color(line.get_color(), train.model_color(label))
+                assert label in named, label
+                assert matplotlib.colors.same_color(named[label].get_color(),
+                                                    train.model_color(label)), label
+    panels = {ax.get_title(): ax for ax in accuracy.axes if ax.get_title()}
+    for panel, model, d in PAPER_CELLS[name]:
+        ax = panels[panel]
+        N = int(re.search(r"N = (\d+)", panel).group(1)) if "N = " in panel else 64
+        value = train.PAPER_FIG2[model][N][(64, 128, 256, 512).index(d)]
+        names = [t.get_text() for t in ax.get_xticklabels()]
+        bars = any(type(c).__name__ == "BarContainer" for c in ax.containers)
+        x = names.index(model) if bars else d
+        assert has_point(crosses(ax), x, value), (panel, model, d, value)
+    if not PAPER_CELLS[name]:
+        assert not any(crosses(ax) for ax in accuracy.axes)
+    for fig in figures:
+        title = title_of(fig)
+        assert "cpu scale" in title and "at most" in title and "steps of 128" in title, title
+        assert not clipped_texts(fig), clipped_texts(fig)
+    assert "seed 0" in title_of(curves)
+
+
+def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch):
+    """fig2_lr (drawn from its committed records, partial while the sweep trains; its PNG is
+    not written): every seed of a panel in the panel's model colour, no two seeds on one
+    spot, the title says the scale and that the steps are at most."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    train.plot_lr("fig2_lr")
+    fig, = figures
+    for ax in fig.axes:
+        if ax.get_title():
+            lines = model_series(ax)
+            assert lines and all(matplotlib.colors.same_color(color, train.model_color(
+                ax.get_title())) for _, color, _ in lines), ax.get_title()
+    assert not spots_shared(fig), spots_shared(fig)
+    title = title_of(fig)
+    assert "cpu scale" in title and "at most 8,000 steps of 128" in title, title
+    assert not clipped_texts(fig), clipped_texts(fig)
+    assert not (REPO / "results" / "fig2_lr.png").exists()
+
+
+def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
+    """fig2_epochs: each run in its model's colour (BaseConv at both widths BaseConv's, not
+    another model's), Figure 2's value of each run's cell a dotted line in that colour."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    train.plot_epochs("fig2_epochs")
+    ax, = figures[0].axes
+    runs = [line for line in ax.lines if line.get_marker() not in (None, "None", "")]
+    assert len(runs) == 3
+    for line in runs:
+        label = line.get_label().split(",")[0]
+        assert matplotlib.colors.same_color(line.get_color(), train.model_color(label)), label
+    dotted = {(round(line.get_ydata()[0], 2), matplotlib.colors.to_hex(line.get_color()))
+              for line in ax.lines if line.get_linestyle() == ":"}
+    color = lambda m: matplotlib.colors.to_hex(train.model_color(m))
+    assert dotted == {(0.99, color("attention")), (0.69, color("base_conv")),
+                      (0.92, color("base_conv"))}
+    assert not clipped_texts(figures[0]), clipped_texts(figures[0])
+
+
+def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
+    """lm.png from results/lm.json: every bar in its model's colour (the slices told apart
+    by hatching, not by other models' colours), the paper's Table 1 a cross on each slice
+    of the models it has; lm_curves.png names Table 1's perplexities (off its token axis),
+    and draws no curve without a validation split."""
+    monkeypatch.chdir(REPO)
+    figures = drawn_figures(monkeypatch)
+    summary = json.loads((REPO / "results" / "lm.json").read_text())
+    train.plot_lm(summary["rows"], "lm.png", "800 steps")
+    train.plot_lm_curves(summary["rows"], summary["tokens_per_step"], "lm_curves.png",
+                         "800 steps")
+    bars, curves = figures
+    ax = bars.axes[0]
+    labels = list(dict.fromkeys(r["label"] for r in summary["rows"]))
+    patches = [p for p in ax.patches if p.get_width() > 0]
+    assert len(patches) == 3 * len(labels)
+    for i, p in enumerate(patches):
+        name = train.LM_LABELS.get(labels[i % len(labels)], labels[i % len(labels)])
+        assert matplotlib.colors.same_color(p.get_facecolor()[:3], train.model_color(name)[:3])
+    for j, label in enumerate(labels):
+        for i, value in enumerate(train.PAPER_TABLE1.get(label, ())):
+            assert has_point(crosses(ax), j + 0.27 * (i - 1), value), (label, i)
+    legend = " ".join(t.get_text() for t in curves.axes[0].get_legend().get_texts())
+    for label in labels:
+        if label in train.PAPER_TABLE1:
+            assert f"{train.PAPER_TABLE1[label][0]:.2f}" in legend, label
+    for fig in figures:
+        assert not clipped_texts(fig), clipped_texts(fig)
+    train.plot_lm_curves([dict(r, curve=[]) for r in summary["rows"]],    # no validation split
+                         summary["tokens_per_step"], "lm_curves.png", "800 steps")
+    assert "no validation split" in figures[-1].axes[0].texts[0].get_text()
+
+
+def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monkeypatch):
+    """results/main.png is current: the main job (python train.py), its training replaced by
+    the committed records of results/main, draws the figure plot_curves draws from them,
+    and the committed PNG is that figure; its title says the scale, budget and seed, and
+    it marks the paper's Figure 2 values of its two cells."""
+    committed = {train.identity(train.Config(**r["config"])): r
+                 for r in train.load_records(REPO / "results" / "main")}
+    monkeypatch.setattr(train, "train", lambda config: committed[train.identity(config)])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    assert train.main([]) == 0
+    job = tmp_path / "results" / "main.png"
+    direct = train.plot_curves(list(committed.values()), str(tmp_path / "direct.png"))
+    assert job.read_bytes() == Path(direct).read_bytes()
+    from matplotlib.testing.compare import compare_images
+    assert compare_images(str(REPO / "results" / "main.png"), str(job), tol=2) is None
+    figures = drawn_figures(monkeypatch)
+    train.plot_curves(list(committed.values()), "main.png")
+    title = title_of(figures[0])
+    assert "main at cpu scale" in title and "at most 1,000 steps of 128" in title, title
+    assert "seed 0" in title and "hollow" in title
+    paper = {round(line.get_ydata()[0], 2) for line in figures[0].axes[0].lines
+             if line.get_linestyle() == ":"}
+    assert paper == {train.PAPER_FIG2["attention"][64][0], train.PAPER_FIG2["base_conv"][64][0]}
 
 
 @pytest.mark.parametrize("mixer", list(MIXERS))

@@ -1636,9 +1636,77 @@ PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
 
 
 def paper_points(sweep, label, seq_len):
-    """Figure 2's read-off (d, accuracy) points for a model at N = seq_len (none elsewhere)."""
+    """Figure 2's read-off (d, accuracy) points for a model at N = seq_len (none elsewhere):
+    the tables' column (the figures read figure2_points, by the run's model and task)."""
     values = PAPER_FIG2.get(label, {}).get(seq_len, ()) if sweep == "fig2" else ()
     return list(zip((64, 128, 256, 512), values))
+
+
+def figure2_model(config):
+    """The key of PAPER_FIG2 for the model `config` trains, if it is a model of Figure 2 on
+    Figure 2's task, else None: its label is that key, its mixer the stack the fig2 sweep
+    trains under that label (cpu scale, or --preset=figure2's official forms), its (N, D)
+    one of Figure 2's (PAPER_GRID) and its α Figure 2's 0.01. So the main job's, f2's,
+    hybrids' and the frontier's BaseConv (the paper's short-then-long stack) have Figure 2's
+    values; the frontier's "attention" (BaseConv, then attention) and Figure 6's runs
+    (α = 0.1) have none."""
+    label = config.label
+    if (label not in PAPER_FIG2 or (config.seq_len, config.num_kv_pairs) not in PAPER_GRID["nd"]
+            or config.power_a != figure2_values(config)["power_a"]):
+        return None
+    cpu = {name: mixer for grid in SWEEPS["fig2"]["cpu"] for name, mixer in grid["models"].items()}
+    official = make_config(preset="figure2", mixer=label, seq_len=config.seq_len,
+                           num_kv_pairs=config.num_kv_pairs, n_layers=config.n_layers).mixer
+    return label if config.mixer in (cpu.get(label), official) else None
+
+
+def figure2_points(config):
+    """Figure 2's (d, accuracy) points (PAPER_FIG2, read off the plot) for the model and
+    (N, D) of `config` (figure2_model); [] where Figure 2 has none."""
+    label = figure2_model(config)
+    return list(zip((64, 128, 256, 512), PAPER_FIG2[label][config.seq_len])) if label else []
+
+
+def figure2_value(config):
+    """Figure 2's accuracy for the cell (model, N, D, d) of `config`, or None."""
+    return dict(figure2_points(config)).get(config.d_model)
+
+
+PAPER_NOTE = "x: the paper's Figure 2 (c = 8192, its own budget; read off the plot, ± 0.03)"
+
+
+def sweep_scale(name, records):
+    """The scale of SWEEPS[name] ("cpu" or "paper") whose runs `records` are; "" when no
+    scale of it lists them all (a record copied from another sweep's folder counts as the
+    run it is: out_dir is not part of a run's identity)."""
+    runs = {identity(Config(**r["config"])) for r in records}
+    for scale in SWEEPS.get(name, {}):
+        if runs <= {identity(make_config(**o)) for _, o in sweep_runs(name, scale)}:
+            return scale
+    return ""
+
+
+def scale_text(name, records):
+    """"cpu scale" or "paper scale" (sweep_scale), or what else the runs are."""
+    scale = sweep_scale(name, records)
+    return f"{scale} scale" if scale else "runs of no scale of its sweep"
+
+
+def budget_text(records):
+    """The task and training budget of `records`, each distinct value listed: "c = 512, at
+    most 8,000 steps of 128 examples" (at most: a run stops early at its target_acc)."""
+    steps = lambda c: (c["budget_steps"] if 0 < c["budget_steps"] < c["max_steps"]
+                       else c["max_steps"])
+    vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
+    budgets = sorted({(steps(r["config"]), r["config"]["batch_size"]) for r in records})
+    return f"c = {vocab}, at most " + ", ".join(f"{s:,} steps of {b:,}"
+                                                  for s, b in budgets) + " examples"
+
+
+def seeds_text(records):
+    """"seed 0" or "seeds 0, 1, 2": the seeds of `records`."""
+    seeds = sorted({r["seed"] for r in records})
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
 
 
 def reachable(config, q, k):
@@ -1715,9 +1783,39 @@ def model_color(label):
     return matplotlib.colormaps["tab20" if index < 20 else "tab20b"](index % 20)
 
 
-def dodge(x, i, n, spread=0.05):
-    """x moved right or left, on a log axis, for the i-th of n series that share it."""
+def dodge(x, i, n, spread=0.1):
+    """x moved right or left, on a log axis, for the i-th of n series that share it: by
+    `spread` octaves between neighbours (0.1: some 7 pixels where a panel spans 4 octaves
+    in 2.4 inches at 120 dpi, more than a marker's width), so that no two series sit on one
+    spot."""
     return x * 2 ** (spread * (i - (n - 1) / 2))
+
+
+MARKERS = "os^vDP*Xph<>"        # one marker per model within a figure, beside its colour
+
+
+def model_markers(labels):
+    """{label: marker} for the models of one figure, in their order (MARKERS, cycled)."""
+    return {label: MARKERS[i % len(MARKERS)] for i, label in enumerate(labels)}
+
+
+def wrapped(text, width_in, fontsize=9):
+    """`text` with each of its lines broken between words to fit `width_in` inches (less a
+    margin) at `fontsize` points, each word's width measured in matplotlib's default font,
+    so that no title is clipped."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+    width = lambda s: TextPath((0, 0), s, size=fontsize, prop=FontProperties()).get_extents().width
+    lines = []
+    for line in text.split("\n"):
+        words = line.split(" ")
+        lines.append(words[0])
+        for word in words[1:]:
+            if width(f"{lines[-1]} {word}") > 0.92 * 72 * width_in:
+                lines.append(word)
+            else:
+                lines[-1] += f" {word}"
+    return "\n".join(lines)
 
 
 def plotted_records(name):
@@ -1747,9 +1845,12 @@ def save_figure(fig, path):
 
 def plot_sweep(name):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
-    validation) against the x key, one panel per panel key, the paper's values as faint
-    crosses; results/<name>_state.png: accuracy against recurrent state size, the same
-    panels, one line per model; results/<name>_curves.png: the first seed's learning curves.
+    validation) against the x key, one panel per panel key, the models of a panel dodged
+    apart (dodge), or side by side as bars where the sweep has one cell per model, the
+    paper's values (figure2_points) as crosses; results/<name>_state.png: accuracy against
+    recurrent state size, the same panels, one line per model, dodged alike;
+    results/<name>_curves.png: the first seed's learning curves (plot_curves). Every model
+    in its colour (model_color) and marker (model_markers), the titles the scale and budget.
     Returns (the cells' rows, the paths written)."""
     plt = pyplot()
     import matplotlib.ticker
@@ -1762,34 +1863,53 @@ def plot_sweep(name):
     panels = sorted({panel_of(r) for r in rows})
     labels = list(dict.fromkeys(r["label"] for r in rows))
     colors = {label: model_color(label) for label in labels}
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)), 3.4),
+    markers = model_markers(labels)
+    config_of = lambda row: Config(**row["runs"][0]["config"])
+    in_panel = lambda panel: [label for label in labels if any(
+        r["label"] == label and panel_of(r) == panel for r in rows)]
+    heading, budget = f"{name} at {scale_text(name, records)}", budget_text(records)
+    several = max(r["seeds"] for r in rows) > 1                 # seeds to take a mean over
+    seeds = (f"mean and 95% interval over {seeds_text(records)}" if several
+             else f"{seeds_text(records)}, no interval")
+    drew_paper = False
+    bars = any(len({r[x_key] for r in rows if panel_of(r) == panel}) == 1 for panel in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(4.5, 3.2 * len(panels)),
+                                                      4.4 if bars else 3.4),   # bars: names
                              squeeze=False, sharey=True)
     for ax, panel in zip(axes[0], panels):
-        in_panel = [label for label in labels
-                    if any(r["label"] == label and panel_of(r) == panel for r in rows)]
-        single = len({r[x_key] for r in rows if panel_of(r) == panel}) == 1
-        for i, label in enumerate(in_panel):
-            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
-            x, y, half = zip(*sorted((r[x_key], r["test_acc"], r["interval"]) for r in here))
-            half = [0 if math.isnan(h) else h for h in half]        # one seed: no interval
+        here_labels = in_panel(panel)
+        single = len({r[x_key] for r in rows if panel_of(r) == panel}) == 1   # bars, below
+        for i, label in enumerate(here_labels):
+            here = sorted((r for r in rows if r["label"] == label and panel_of(r) == panel),
+                          key=lambda r: r[x_key])
+            x, y = [r[x_key] for r in here], [r["test_acc"] for r in here]
+            half = [0 if math.isnan(r["interval"]) else r["interval"] for r in here]
             err = [[min(h, v) for h, v in zip(half, y)],                     # within [0, 1]
                    [min(h, 1 - v) for h, v in zip(half, y)]]
+            paper = {(r[x_key], figure2_value(config_of(r))) for r in here}  # the cells'
+            if x_key == "d_model":                   # and Figure 2's other widths at (N, D)
+                paper |= set(figure2_points(config_of(here[0])))
+            paper = sorted((px, py) for px, py in paper if py is not None)
+            drew_paper |= bool(paper)
             if single:                           # one x for every model: bars side by side
                 ax.bar(i, y[0], yerr=[[e[0]] for e in err], capsize=2, color=colors[label],
                        label=label)
+                if paper:                            # black: a cross on its own colour hides
+                    ax.scatter([i], [paper[0][1]], marker="x", s=30, color="black", zorder=3)
                 continue
-            ax.errorbar([dodge(v, i, len(in_panel)) for v in x], y, yerr=err, marker="o",
-                        ms=3, capsize=2, color=colors[label], label=label)
-            paper = paper_points(name, label, here[0]["seq_len"])
-            ax.scatter([d for d, _ in paper], [v for _, v in paper], marker="x", alpha=0.5,
-                       color=colors[label])
+            ax.errorbar([dodge(v, i, len(here_labels)) for v in x], y, yerr=err,
+                        marker=markers[label], ms=3.5, capsize=2, color=colors[label],
+                        label=label)
+            if paper:
+                ax.scatter(*zip(*paper), marker="x", alpha=0.6, color=colors[label])
             if name == "fig6":                   # the best a model can do: its reach bound
-                bound = [cell_reach_bound(r) for r in sorted(here, key=lambda r: r[x_key])]
+                bound = [cell_reach_bound(r) for r in here]
                 if min(bound) < 1:
-                    ax.plot([dodge(v, i, len(in_panel)) for v in x], bound, ls="--", lw=1,
+                    ax.plot([dodge(v, i, len(here_labels)) for v in x], bound, ls="--", lw=1,
                             color=colors[label])
         if single:                               # the bars named below them
-            ax.set_xticks(range(len(in_panel)), in_panel, rotation=30, ha="right", fontsize=7)
+            ax.set_xticks(range(len(here_labels)), here_labels, rotation=30, ha="right",
+                          fontsize=7)
             ax.set_xlabel(f"{SYMBOLS[x_key]} = {rows[0][x_key]}")
         else:
             ax.set_xscale("log", base=2)
@@ -1797,13 +1917,11 @@ def plot_sweep(name):
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(SYMBOLS[x_key])
         ax.set_title(title(panel), fontsize=9)
-    vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
-    steps = ", ".join(f"{s:,}" for s in sorted({r["config"]["max_steps"] for r in records}))
-    budget = f"c = {vocab}, at most {steps} steps"
-    paper = {"fig2": "\n(x: the paper's Figure 2 at c = 8192, read off the plot)",
-             "fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
-             }.get(name, "")
-    fig.suptitle(f"{name}, {budget}\nmean and 95% interval over seeds{paper}", fontsize=9)
+    notes = {"fig6": "\n(dashed: the share of test queries within the model's reach, its bound)"
+             }.get(name, "") + (f"\n({PAPER_NOTE})" if drew_paper else "")
+    width = fig.get_figwidth()
+    fig.suptitle(wrapped(f"{heading}: {budget}\n{seeds}{notes}", width),
+                 fontsize=9)
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     if not single:                               # one legend for every panel's models
         handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
@@ -1811,29 +1929,38 @@ def plot_sweep(name):
                            loc="upper left", bbox_to_anchor=(1.01, 1))
     save_figure(fig, f"results/{name}.png")
     # the same panels, against the state each model carries: one line per model through its
-    # widths (Figure 2's right-hand picture)
+    # widths (Figure 2's right-hand picture), dodged as above: models of one state (the
+    # selections of hybrids) would sit on one spot
     fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5, 4 * len(panels)), 3.8),
                              squeeze=False, sharey=True)
-    config_of = lambda row: Config(**next(r["config"] for r in records if all(
-        r["config"][k] == row[k] for k in CELL_KEYS)))
     for ax, panel in zip(axes[0], panels):
-        for label in labels:
-            points = sorted((state_size(config_of(r)), r["test_acc"]) for r in rows
-                            if r["label"] == label and panel_of(r) == panel)
-            if points:
-                ax.plot(*zip(*points), marker="o", ms=3, color=colors[label])
+        here_labels = in_panel(panel)
+        for i, label in enumerate(here_labels):
+            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
+            points = sorted(((state_size(config_of(r)), r["test_acc"],
+                             figure2_value(config_of(r))) for r in here), key=lambda p: p[:2])
+            ax.plot([dodge(s, i, len(here_labels)) for s, _, _ in points],
+                    [a for _, a, _ in points], marker=markers[label], ms=3.5,
+                    color=colors[label], label=label)
+            paper = [(s, p) for s, _, p in points if p is not None]
+            if paper:
+                ax.scatter(*zip(*paper), marker="x", alpha=0.6, color=colors[label])
         ax.set_xscale("symlog", linthresh=1)        # a state of 0 (blocked attention at t = N)
         ax.set_xlabel("recurrent state, numbers per example (all layers)", fontsize=8)
         ax.set_title(title(panel), fontsize=9)
-    for label in labels:                                        # one legend for every panel
-        axes[0][-1].plot([], [], marker="o", ms=3, color=colors[label], label=label)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
+    axes[0][-1].legend([handles[label] for label in labels], labels, fontsize=7,
+                       loc="upper left", bbox_to_anchor=(1.01, 1))   # one for every panel
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
-    fig.suptitle(f"{name}: accuracy against recurrent state size ({SYMBOLS[x_key]} along each "
-                 f"line)\n{budget}", fontsize=9)
+    paper = f"\n({PAPER_NOTE})" if drew_paper else ""
+    fig.suptitle(wrapped(f"{heading}: accuracy against recurrent state size ({SYMBOLS[x_key]} "
+                         f"along each line)\n{budget}; {'mean over ' if several else ''}"
+                         f"{seeds_text(records)}{paper}", fig.get_figwidth()),
+                 fontsize=9)
     save_figure(fig, f"results/{name}_state.png")
     first_seed = min(r["seed"] for r in records)
-    plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png")
+    plot_curves([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png",
+                name)
     return rows, [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
 
 
@@ -2067,25 +2194,34 @@ def epochs_table(name="fig2_epochs"):
 
 def plot_epochs(name="fig2_epochs"):
     """results/<name>.png: test accuracy after every epoch against training examples seen, one
-    line per run, Figure 2's value (N = 64, after its 64 epochs) as a dotted line in the
-    run's colour. Returns the path."""
+    line per run in its model's colour (model_color), one line style and marker per width,
+    Figure 2's value for the run's cell (figure2_value: N = 64, after its 64 epochs) dotted
+    in the run's colour and named with its width. Returns the path."""
     plt = pyplot()
     records = plotted_records(name)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, r in enumerate(sorted(records, key=lambda r: (r["config"]["label"],
-                                                         r["config"]["d_model"]))):
+    widths = sorted({r["config"]["d_model"] for r in records})
+    for r in sorted(records, key=lambda r: (r["config"]["label"], r["config"]["d_model"])):
         c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
-        label = f"{c.label}, d = {c.d_model}, lr {c.lr:g}"
-        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=f"C{i}",
-                marker="o", ms=2.5, label=label)
-        paper = dict(paper_points("fig2", c.label, 64)).get(c.d_model)
+        i, color = widths.index(c.d_model), model_color(c.label)
+        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=color,
+                ls=("-", "--", "-.")[i % 3], marker=MARKERS[i % len(MARKERS)], ms=2.5,
+                label=f"{c.label}, d = {c.d_model}, lr {c.lr:g}")
+        paper = figure2_value(c)
         if paper is not None:
-            ax.axhline(paper, color=f"C{i}", ls=":", lw=1.2)
-            ax.annotate(f"Figure 2: {paper:.2f}", (64 * c.num_train / 1e6, paper), fontsize=7,
-                        color=f"C{i}", ha="right", va="bottom")
-    ax.set(xlabel="training examples seen (millions; 0.1M per epoch)", ylabel="test accuracy",
-           ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01),
-           title="Figure 2 at N = 64 on the paper's budget (--preset=figure2)")
+            ax.axhline(paper, color=color, ls=":", lw=1.2)     # named on the left: the
+            ax.annotate(f"Figure 2, {c.label} d = {c.d_model}: {paper:.2f}",   # curves end
+                        (1.2, paper), fontsize=7, color=color, va="bottom")   # on the right
+    epochs = sorted({r["config"]["max_steps"] // steps_per_epoch(Config(**r["config"]))
+                     for r in records})
+    c = records[0]["config"]
+    ax.set(xlabel=f"training examples seen (millions; {c['num_train'] / 1e6:g}M per epoch)",
+           ylabel="test accuracy", ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01))
+    ax.set_title(wrapped(f"Figure 2 at N = {c['seq_len']}, D = {c['num_kv_pairs']} on the "
+                         f"paper's budget (--preset=figure2): {budget_text(records)} "
+                         f"({', '.join(map(str, epochs))} epochs of {c['num_train']:,}), "
+                         f"{seeds_text(records)}\ndotted: the paper's Figure 2 (read off the "
+                         "plot, ± 0.03)", 6.5), fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     return save_figure(fig, f"results/{name}.png")
 
@@ -2117,26 +2253,49 @@ def lr_table(name="fig2_lr"):
 
 
 def plot_lr(name="fig2_lr"):
-    """results/<name>.png: test accuracy against the learning rate, one panel per model,
-    one line per seed, PASS dotted. Returns the path."""
+    """results/<name>.png: test accuracy against the learning rate, one panel per model in
+    its colour, one line style and marker per seed, the seeds dodged apart along the lr
+    axis (dodge) so that equal accuracies do not sit on one spot, PASS dotted. The title
+    says the scale, the budget (at most: a run stops at its target) and how many of the
+    sweep's runs have finished. Returns the path."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
     records = plotted_records(name)
     order = model_order(name)
     labels = sorted({r["config"]["label"] for r in records}, key=lambda l: order.get(l, 0))
-    fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 3), sharey=True,
-                             squeeze=False)
+    seeds = sorted({r["seed"] for r in records})
+    scale = sweep_scale(name, records)
+    grid = [o for _, o in sweep_runs(name, scale)] if scale else [r["config"] for r in records]
+    lrs = sorted({o["lr"] for o in grid})                 # the sweep's, also those unfinished
+    done = f"; {len(records)} of its {len(grid)} runs" if len(records) < len(grid) else ""
+    styles = {seed: (("-", "--", ":", "-.")[i % 4], MARKERS[i % len(MARKERS)])
+              for i, seed in enumerate(seeds)}
+    fig, axes = plt.subplots(1, len(labels), figsize=(max(5, 2.6 * len(labels)), 3.2),
+                             sharey=True, squeeze=False)
     for ax, label in zip(axes[0], labels):
         runs = [r for r in records if r["config"]["label"] == label]
-        for seed in sorted({r["seed"] for r in runs}):
+        for seed in seeds:
             points = sorted((r["config"]["lr"], r["test_acc"]) for r in runs if r["seed"] == seed)
-            ax.plot(*zip(*points), marker="o", ms=3, label=f"seed {seed}")
+            if points:
+                ls, marker = styles[seed]
+                ax.plot([dodge(lr, seeds.index(seed), len(seeds), 0.15) for lr, _ in points],
+                        [a for _, a in points], ls=ls, marker=marker, ms=3.5,
+                        color=model_color(label), label=f"seed {seed}")
         ax.axhline(PASS, color="grey", ls=":", lw=1)
-        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02))
+        ax.set(xscale="log", title=label, xlabel="learning rate", ylim=(0, 1.02),
+               xlim=(lrs[0] / 1.6, lrs[-1] * 1.6))
+        ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=7)
+        ax.set_xticks([], minor=True)
     c = records[0]["config"]
     axes[0][0].set_ylabel("test accuracy")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"MQAR N = {c['seq_len']}, D = {c['num_kv_pairs']}, d = {c['d_model']}, "
-                 f"c = {c['vocab_size']}, {c['max_steps']:,} steps", fontsize=9)
+    axes[0][-1].legend([Line2D([], [], color="0.3", ls=ls, marker=marker, ms=3.5)
+                        for ls, marker in styles.values()], [f"seed {s}" for s in seeds],
+                       fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(wrapped(f"{name} at {scale_text(name, records)}: MQAR N = {c['seq_len']}, "
+                         f"D = {c['num_kv_pairs']}, d = {c['d_model']}, {budget_text(records)} "
+                         f"(a run stops at validation accuracy {c['target_acc']}){done}\n"
+                         f"each seed's test accuracy, the seeds moved apart along the lr "
+                         f"axis; dotted: {PASS}", fig.get_figwidth()), fontsize=9)
     return save_figure(fig, f"results/{name}.png")
 
 
@@ -2319,36 +2478,54 @@ def gap_share_text(share, ppl, ppl_attention):
     return f"{100 * share:.0f}%" if ppl > ppl_attention else "no gap"
 
 
+LM_SLICES = [("ppl", "all tokens", ""), ("ppl_ar", "AR hits", "////"),    # key, name, hatch
+             ("ppl_other", "other tokens", "....")]
+
+
 def plot_lm(rows, path, budget):
-    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model:
-    each bar the geometric mean over the model's seeds (the perplexity of their tokens
-    pooled), each seed a dot."""
+    """Perplexity overall, on AR hits and on the other tokens, one group of bars per model in
+    its colour (model_color), the slices told apart by hatching: each bar the geometric mean
+    over the model's seeds (the perplexity of their tokens pooled), each seed a dot, the
+    paper's Table 1 (PAPER_TABLE1: models of 125-169M parameters after 10B tokens of the
+    Pile) a black cross on the bar of its model and slice."""
     plt = pyplot()
+    from matplotlib.patches import Patch
     labels = list(dict.fromkeys(r["label"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for i, (key, name) in enumerate([("ppl", "all tokens"), ("ppl_ar", "AR hits"),
-                                     ("ppl_other", "other tokens")]):
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for i, (key, name, hatch) in enumerate(LM_SLICES):
         x = [j + 0.27 * (i - 1) for j in range(len(labels))]
         seeds = [[r[key] for r in rows if r["label"] == label] for label in labels]
-        ax.bar(x, [math.exp(np.mean(np.log(v))) for v in seeds], width=0.27, label=name,
-               color=f"C{i}", alpha=0.7)
+        ax.bar(x, [math.exp(np.mean(np.log(v))) for v in seeds], width=0.27, hatch=hatch,
+               color=[model_color(LM_LABELS.get(label, label)) for label in labels],
+               edgecolor="white", linewidth=0)
         for xi, v in zip(x, seeds):
             ax.plot([xi] * len(v), v, "k.", ms=3)
+        paper = [(xi, PAPER_TABLE1[label][i]) for xi, label in zip(x, labels)
+                 if label in PAPER_TABLE1]
+        if paper:
+            ax.scatter(*zip(*paper), marker="x", s=25, color="black", zorder=3)
     ax.set_xticks(range(len(labels)), [LM_LABELS.get(label, label) for label in labels],
-                  fontsize=7)
-    ax.set(ylabel="perplexity (log scale)", yscale="log",
-           title=f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}")
-    ax.legend(fontsize=8)
+                  fontsize=7, rotation=20, ha="right")
+    ax.set(ylabel="perplexity (log scale)", yscale="log")
+    ax.set_title(wrapped(f"held-out perplexity, sliced by AR hits (Section 3.1)\n{budget}",
+                         7), fontsize=10)
+    handles = [Patch(facecolor="0.6", edgecolor="white", hatch=hatch, label=name)
+               for _, name, hatch in LM_SLICES]
+    handles.append(ax.scatter([], [], marker="x", s=25, color="black",
+                              label="the paper's Table 1 (125-169M\nparameters, 10B Pile tokens)"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save_figure(fig, path)
 
 
 def plot_lm_curves(rows, tokens_per_step, path, budget):
     """Validation perplexity against training tokens, log-log (where a power law is a
     line, so that the reader sees where each curve is heading): one colour per model, one
-    line style per seed, each model at its chosen rate."""
+    line style per seed, each model at its chosen rate. The paper's Table 1 (overall
+    perplexity after 10B tokens) lies far right of this axis: its values are in the legend."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
     seeds = sorted({r["seed"] for r in rows})
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     for r in rows:
         if not r["curve"]:
             continue
@@ -2357,11 +2534,21 @@ def plot_lm_curves(rows, tokens_per_step, path, budget):
         ax.plot([s * tokens_per_step for s in steps], np.exp(loss), marker="o", ms=3,
                 color=model_color(name), ls=("-", "--", ":", "-.")[seeds.index(r["seed"]) % 4],
                 label=f"{name} (lr {r['lr']:g}, seed {r['seed']})")
+    curves = any(r["curve"] for r in rows)
+    paper = [label for label in dict.fromkeys(r["label"] for r in rows)
+             if label in PAPER_TABLE1 and curves]
+    note = ("\nthe paper's Table 1 (10B Pile tokens, 125-169M parameters) is off this "
+            "axis: its overall perplexity in the legend" if paper else "")
     ax.set(xscale="log", yscale="log", xlabel="training tokens",
-           ylabel="validation perplexity (full split)",
-           title=f"validation perplexity while training\n{budget}")
-    if any(r["curve"] for r in rows):
-        ax.legend(fontsize=6)
+           ylabel="validation perplexity (full split)")
+    ax.set_title(wrapped(f"validation perplexity while training\n{budget}{note}", 5.5),
+                 fontsize=9)
+    if curves:                                   # Table 1 in the legend only: off the axis
+        handles = ax.get_legend_handles_labels()[0] + [
+            Line2D([], [], ls="", marker="x", color=model_color(LM_LABELS.get(label, label)),
+                   label=f"{LM_LABELS.get(label, label)}: the paper's {PAPER_TABLE1[label][0]:.2f}")
+            for label in paper]
+        ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     else:
         ax.text(0.5, 0.5, "no validation split (num_valid = 0)", ha="center",
                 transform=ax.transAxes)
@@ -2440,32 +2627,61 @@ def plot_appendix_g(curves, path, title):
 # run_command, after the loop), and main, which dispatches to them
 
 
-def plot_curves(records, path):
+CURVE_STYLES = ("-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))   # dotted (":") is the paper's
+
+
+def plot_curves(records, path, name=None):
     """Test accuracy against training examples seen, one line per run (its history; where
-    an evaluation scored only the probe, the first eval_probe test examples, that score)."""
+    an evaluation scored only the probe, the first eval_probe test examples, that score,
+    hollow): one colour per model (model_color), one line style and marker per cell
+    (N, D, d), each named once in the legend; the paper's Figure 2 value of a run's cell
+    (figure2_value) dotted in its colour. The title says the scale (of sweep `name`, by
+    default the one the records' out_dir names), the budget and the seeds."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
-    colors, shapes = {}, {}      # one colour per model, one line style and marker per (N, D, d)
+    from matplotlib.lines import Line2D
     shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
-    for r in sorted(records, key=lambda r: (r["config"]["label"] or r["config"]["mixer"],
-                                            shape(r["config"]))):
+    model = lambda c: c["label"] or c["mixer"]
+    labels = sorted({model(r["config"]) for r in records})
+    shapes = sorted({shape(r["config"]) for r in records})
+    style = lambda s: dict(ls=CURVE_STYLES[shapes.index(s) % len(CURVE_STYLES)],
+                           marker="os^vDx"[shapes.index(s) % 6])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    papers = {}
+    for r in sorted(records, key=lambda r: (model(r["config"]), shape(r["config"]))):
         c, h = r["config"], r["history"]
-        label = c["label"] or c["mixer"]
-        color = colors.setdefault(label, model_color(label))
-        i = shapes.setdefault(label, {}).setdefault(shape(c), len(shapes[label]))
+        label, color = model(c), model_color(model(c))
         x = [e["step"] * c["batch_size"] for e in h]
-        ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color,
-                ls=("-", "--", ":", "-.")[i % 4], marker="os^vDx"[i % 6], ms=3,
-                label="{} N={} D={} d={}".format(label, *shape(c)))
+        ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color, ms=3,
+                label="{} N={} D={} d={}".format(label, *shape(c)), **style(shape(c)))
         probes = [(xe, e["test_probe"]) for xe, e in zip(x, h) if "test_acc" not in e]
         if probes:                               # a probe's score: hollow
-            ax.plot(*zip(*probes), ls="", marker="os^vDx"[i % 6], ms=3, color="white",
-                    markeredgecolor=color)
-    ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02),
-           title="MQAR, c = " + ", ".join(sorted({str(r["config"]["vocab_size"])
-                                                   for r in records}))
-           + " (hollow: the first 500 test examples, a probe; filled: all)")
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
+            ax.plot(*zip(*probes), ls="", marker=style(shape(c))["marker"], ms=3,
+                    color="white", markeredgecolor=color)
+        paper = figure2_value(Config(**c))
+        if paper is not None:
+            papers[label, shape(c)] = paper, color
+    handles = [Line2D([], [], color=model_color(label), lw=2, label=label) for label in labels]
+    handles += [Line2D([], [], color="0.3", ms=3, label="N={} D={} d={}".format(*s), **style(s))
+                for s in shapes]
+    for (label, (N, D, d)), (paper, color) in papers.items():
+        handles.append(ax.axhline(paper, color=color, ls=":", lw=1.2,
+                                  label=f"the paper: {label} N={N} D={D} d={d}, {paper:.2f}"))
+    ax.set(xlabel="training examples seen", ylabel="test accuracy", ylim=(0, 1.02))
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1),
+              ncol=1 if len(handles) <= 24 else 2)
+    counts = lambda key, runs: ", ".join(f"{n:,}" for n in sorted({r["config"][key]
+                                                                     for r in runs}))
+    probed = [r for r in records if any("test_acc" not in e for e in r["history"])]
+    name = name or ", ".join(sorted({Path(r["config"]["out_dir"]).name for r in records}))
+    full = f"all {counts('num_test', records)} test examples"
+    notes = [f"hollow: the first {counts('eval_probe', probed)} test examples (a probe); "
+             f"filled: {full}" if probed else f"every point: {full}"]
+    if papers:
+        notes.append("dotted: the paper's Figure 2 (c = 8192, its own budget; read off the "
+                     "plot, ± 0.03)")
+    fig.suptitle(wrapped(f"{name} at {scale_text(name, records)}, MQAR: "
+                         f"{budget_text(records)}, {seeds_text(records)}\n" + "; ".join(notes),
+                         fig.get_figwidth()), fontsize=9)
     return save_figure(fig, path)
 
 
