@@ -3886,10 +3886,10 @@ def test_theory_report_shows_each_check_and_fails_on_a_failed_one(monkeypatch, c
     """The report colours a check's bool, not its text: a failed check makes the exit
     status 1 whatever its evidence says. Statements and resources print as written, brackets
     included (rich would read "[erratum]" as markup and drop it)."""
-    monkeypatch.setattr(th, "CHECKS", [lambda seed: [("a[1]", th.Check(True, " pass-ish"),
+    monkeypatch.setattr(th, "CHECKS", [lambda seed: [("a[1]", th.Check(True, " 3 of 3"),
                                                       "r [erratum]")]])
     out = capsys.readouterr().out if th.main() == 0 else ""
-    assert "pass" in out and "a[1]" in out and "r [erratum]" in out
+    assert "pass" in out and " 3 of 3" in out and "a[1]" in out and "r [erratum]" in out
     monkeypatch.setattr(th, "CHECKS", [lambda seed: [("a", th.Check(True, ""), "r"),
                                                      ("b", th.Check(False, " pass"), "r")]])
     assert th.main() == 1 and "FAIL" in capsys.readouterr().out
