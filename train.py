@@ -1182,6 +1182,22 @@ def hybrid_models(N, D):
             "+ random, learned budget": hybrid + f"selection=random:top_k={N // 4}"}
 
 
+def hybrid_middle_models(N, D):
+    """The selections again with the selective layer in the middle of three, a short
+    BaseConv on each side: the last layer's short filter reads the selective layer's output
+    at the rows before each query, so what a selection does off the queries reaches the
+    loss. (With the selective layer last, as in hybrid_models, the loss reads its query
+    rows only, and every selection that keeps the queries trains exactly alike.)"""
+    middle = lambda selection: dict(n_layers=3, mixer="base_conv:kernel_size=3,selective_"
+                                    f"attention:{selection},base_conv:kernel_size=3")
+    k = math.ceil(math.sqrt(N))
+    return {"3 layers, programmatic in the middle": middle("selection=programmatic"),
+            f"3 layers, programmatic, first {k} repeats, in the middle":
+                middle(f"selection=programmatic:top_k={k}"),
+            "3 layers, random as many rows as programmatic, in the middle":
+                middle(f"selection=random:top_k={N - 2 * D - 1}")}
+
+
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",
              "base_conv": BASE_CONV, "h3": "h3", "hyena": "hyena"}
@@ -1271,8 +1287,9 @@ SWEEPS = {
         "paper": [dict(models=hybrid_models(N, D), nd=[(N, D)], d_model=[64], lr=PAPER_LRS,
                        seed=[0, 1, 2], max_steps=[8000], num_valid=[1000])
                   for N, D in [(64, 4), (128, 8), (256, 16)]],
-        "cpu": dict(models=hybrid_models(64, 4), nd=[(64, 4)], d_model=[64], lr=[3e-3],
-                    seed=[0, 1, 2], max_steps=[2000], num_valid=[1000]),
+        "cpu": [dict(models=models, nd=[(64, 4)], d_model=[64], lr=[3e-3], seed=[0, 1, 2],
+                     max_steps=[2000], num_valid=[1000])
+                for models in (hybrid_models(64, 4), hybrid_middle_models(64, 4))],
     },
     # learning-rate robustness (Okpekpe and Orvieto, 2025, arXiv 2508.19029): the cpu fig2
     # models at N = 32, d = 128, at four lrs and three seeds; lr 3e-3 is fig2's own grid
