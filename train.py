@@ -1947,9 +1947,11 @@ def plot_sweep(name):
     save_figure(fig, f"results/{name}.png")
     # the same panels, against the state each model carries: one line per model through its
     # widths (Figure 2's right-hand picture), dodged as above: models of one state (the
-    # selections of hybrids) would sit on one spot
-    fig, axes = plt.subplots(1, len(panels), figsize=(max(5.5, 4 * len(panels)), 3.8),
-                             squeeze=False, sharey=True)
+    # selections of hybrids) would sit on one spot; the legend beside them widens the figure
+    # by its labels' length beyond some 40 characters (7-point text, about 0.06 inch each)
+    legend_extra = max(0.0, 0.06 * max(map(len, labels)) - 2.5)
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, sharey=True,
+                             figsize=(max(5.5, 4 * len(panels)) + legend_extra, 3.8))
     for ax, panel in zip(axes[0], panels):
         here_labels = in_panel(panel)
         for i, label in enumerate(here_labels):
