@@ -2029,43 +2029,46 @@ class OfficialSelectiveAttention(Mixer):
 # The filler token repeats at every lag, so the top lags of an MQAR sequence with filler 0
 # need not be the key-query distances (the H.8 erratum that theory.check_thm_4_5 shows).
 
-def chosen_lags(tokens, filters, num_lags):
-    """S_i as a (B, T, T) bool over lags: chosen[b, i, s] for 1 <= s <= i."""
+def chosen_keys(tokens, filters, num_lags):
+    """S_i by key position, (B, T, T) bool: chosen[b, i, j] iff the lag i - j is in S_i
+    (so j < i). Programmatic: u_j = u_i. Autocorrelation: the lags are counted and ranked
+    as lags (r_i(s) over s = 1..i), then put back at their key positions j = i - s."""
     B, T = tokens.shape
     i = torch.arange(T, device=tokens.device)
-    back = i[:, None] - i[None, :]                                           # [i, s] = i - s
-    reach = (back >= 0) & (i[None, :] >= 1)                                  # 1 <= s <= i
-    same = tokens[:, :, None] == tokens[:, None, :]                          # [b, i, j]
-    hits = same.gather(2, back.clamp(min=0).expand(B, T, T)) & reach         # u_i = u_{i-s}
+    earlier = i[None, :] < i[:, None]                                        # j < i
+    same = (tokens[:, :, None] == tokens[:, None, :]) & earlier              # u_j = u_i
     if filters == "programmatic":
-        return hits
+        return same
+    flip = (i[:, None] - i[None, :]).clamp(min=0).expand(B, T, T)           # [i, x] = i - x
+    reach = (i[None, :] <= i[:, None]) & (i[None, :] >= 1)                   # lags 1 <= s <= i
+    hits = same.gather(2, flip) & reach                                      # [b, i, s]
     r = hits.long().cumsum(1).masked_fill(~reach, -1)                       # r_i(s), s <= i
     top = torch.argsort(-r, dim=-1, stable=True)[..., :num_lags]           # ties: smaller s
-    return torch.zeros_like(hits).scatter(-1, top, True) & reach
+    lags = torch.zeros_like(hits).scatter(-1, top, True) & reach
+    return lags.gather(2, flip) & earlier                                    # [b, i, j]
 
 
 def input_dependent_conv_reference(q, k, v, chosen):
     """Thm 4.5's layers, one shift per lag: match_s = Σ_a q^a ⊙ shift_down(k, s)^a, gated
     onto shift_down(v, s - 1), summed over the chosen lags and averaged.
 
-    q, k, v: (B, T, d); chosen: (B, T, T) bool over lags (chosen_lags). Returns (B, T, d).
+    q, k, v: (B, T, d); chosen: (B, T, T) bool by key position (chosen_keys), so lag s of
+    row i is chosen[:, i, i - s], the s-th diagonal below the main one. Returns (B, T, d).
     """
     T, d = q.shape[1], q.shape[2]
     y = torch.zeros_like(v)
     for s in range(1, T):
         match = (q[:, s:] * k[:, :T - s]).sum(-1) / math.sqrt(d)           # (B, T - s)
-        y[:, s:] += (match * chosen[:, s:, s])[..., None] * v[:, 1:T - s + 1]
+        lag_s = torch.diagonal(chosen, -s, dim1=1, dim2=2)                   # [i - s] for i >= s
+        y[:, s:] += (match * lag_s)[..., None] * v[:, 1:T - s + 1]
     return y / chosen.sum(-1, keepdim=True).clamp(min=1)
 
 
 def input_dependent_conv_fast(q, k, v, chosen):
-    """The same as one masked product: weights[i, j] = q_i·k_j/√d where the lag i - j is
-    chosen; y = weights · v_next / |S_i|. Materializes (B, T, T)."""
-    T, d = q.shape[1], q.shape[2]
-    i = torch.arange(T, device=q.device)
-    back = (i[:, None] - i[None, :]).clamp(min=0)                            # [i, j] = i - j
-    mask = chosen.gather(2, back.expand_as(chosen)) & (i[None, :] < i[:, None])
-    weights = (q @ k.transpose(1, 2) / math.sqrt(d)) * mask                 # (B, T, T)
+    """The same as one masked product: weights[i, j] = q_i·k_j/√d where chosen[i, j] (the
+    lag i - j is in S_i); y = weights · v_next / |S_i|. Materializes (B, T, T)."""
+    d = q.shape[2]
+    weights = (q @ k.transpose(1, 2) / math.sqrt(d)) * chosen                # (B, T, T)
     v_next = F.pad(v[:, 1:], (0, 0, 0, 1))                                   # v_{j+1}
     return weights @ v_next / chosen.sum(-1, keepdim=True).clamp(min=1)
 
@@ -2087,7 +2090,7 @@ class InputDependentConv(Mixer):
     State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
     and for "autocorrelation" the counts r(s) of the lags 1..n-1.
     To copy: this class, INPUT_DEPENDENT_CONV_IMPLS (input_dependent_conv_fast,
-    input_dependent_conv_reference), chosen_lags, Mixer, check_choice and check_positive.
+    input_dependent_conv_reference), chosen_keys, Mixer, check_choice and check_positive.
     """
 
     takes_tokens = True
@@ -2106,7 +2109,7 @@ class InputDependentConv(Mixer):
             raise ValueError("tokens=None is not allowed: input_dependent_conv chooses its "
                              "filters from the token ids, forward(x, tokens=(B, T) ids)")
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        chosen = chosen_lags(tokens, self.filters, self.num_lags)
+        chosen = chosen_keys(tokens, self.filters, self.num_lags)
         return self.out_proj(INPUT_DEPENDENT_CONV_IMPLS[self.impl](q, k, v, chosen))
 
     def step(self, x_t, state=None, token=None):

@@ -1862,24 +1862,24 @@ def test_programmatic_selection_is_a_loop_over_earlier_tokens_and_the_mixer_keep
         m(x)
 
 
-def test_chosen_lags_are_a_loop_over_the_prefix():
+def test_chosen_keys_are_a_loop_over_the_prefix():
     """S_i as plain loops on random token rows: the distances at which u_i occurred before
     (programmatic), and the t lags of largest prefix autocorrelation, ties to the smaller
-    lag (autocorrelation), which at the last position are theory.top_lags of the row."""
+    lag (autocorrelation), which at the last position are theory.top_lags of the row; each
+    lag s of row i at its key position i - s."""
     B, T, t = 3, 20, 4
     tokens = torch.randint(0, 3, (B, T), generator=torch.Generator().manual_seed(1))
-    got_p = mixers.chosen_lags(tokens, "programmatic", t)
-    got_a = mixers.chosen_lags(tokens, "autocorrelation", t)
+    lags = lambda chosen, b, i: {i - j for j in chosen[b, i].nonzero().flatten().tolist()}
+    got_p = mixers.chosen_keys(tokens, "programmatic", t)
+    got_a = mixers.chosen_keys(tokens, "autocorrelation", t)
     for b in range(B):
         u = tokens[b].tolist()
         for i in range(T):
             hits = {s for s in range(1, i + 1) if u[i] == u[i - s]}
             r = {s: sum(u[j] == u[j - s] for j in range(s, i + 1)) for s in range(1, i + 1)}
             top = set(sorted(r, key=lambda s: (-r[s], s))[:t])
-            assert set(got_p[b, i].nonzero().flatten().tolist()) == hits
-            assert set(got_a[b, i].nonzero().flatten().tolist()) == top
-        assert sorted(got_a[b, -1].nonzero().flatten().tolist()) == th.top_lags(
-            tokens[b:b + 1], 3, t)[0]
+            assert lags(got_p, b, i) == hits and lags(got_a, b, i) == top
+        assert sorted(lags(got_a, b, T - 1)) == th.top_lags(tokens[b:b + 1], 3, t)[0]
 
 
 def _one_hot_input_dependent_conv(c, filters, num_lags):
