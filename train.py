@@ -1689,7 +1689,8 @@ def figure2_value(config):
     return dict(figure2_points(config)).get(config.d_model)
 
 
-PAPER_NOTE = "x: the paper's Figure 2 (c = 8192, its own budget; read off the plot, ± 0.03)"
+PAPER_FIG2_SOURCE = "the paper's Figure 2 (c = 8192, its own budget; read off the plot, ± 0.03)"
+PAPER_NOTE = f"x: {PAPER_FIG2_SOURCE}"         # the crosses of the accuracy and state figures
 
 
 def sweep_scale(name, records):
@@ -1703,9 +1704,8 @@ def sweep_scale(name, records):
     return ""
 
 
-def scale_text(name, records):
-    """"cpu scale" or "paper scale" (sweep_scale), or what else the runs are."""
-    scale = sweep_scale(name, records)
+def scale_text(scale):
+    """"cpu scale" or "paper scale" for a scale from sweep_scale, or what else the runs are."""
     return f"{scale} scale" if scale else "runs of no scale of its sweep"
 
 
@@ -1884,7 +1884,7 @@ def plot_sweep(name):
     config_of = lambda row: Config(**row["runs"][0]["config"])
     in_panel = lambda panel: [label for label in labels if any(
         r["label"] == label and panel_of(r) == panel for r in rows)]
-    heading, budget = f"{name} at {scale_text(name, records)}", budget_text(records)
+    heading, budget = f"{name} at {scale_text(sweep_scale(name, records))}", budget_text(records)
     several = max(r["seeds"] for r in rows) > 1                 # seeds to take a mean over
     seeds = (f"mean and 95% interval over {seeds_text(records)}" if several
              else f"{seeds_text(records)}, no interval")
@@ -2310,7 +2310,7 @@ def plot_lr(name="fig2_lr"):
     axes[0][-1].legend([Line2D([], [], color="0.3", ls=ls, marker=marker, ms=3.5)
                         for ls, marker in styles.values()], [f"seed {s}" for s in seeds],
                        fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.suptitle(wrapped(f"{name} at {scale_text(name, records)}: MQAR N = {c['seq_len']}, "
+    fig.suptitle(wrapped(f"{name} at {scale_text(scale)}: MQAR N = {c['seq_len']}, "
                          f"D = {c['num_kv_pairs']}, d = {c['d_model']}, {budget_text(records)} "
                          f"(a run stops at validation accuracy {c['target_acc']}){done}\n"
                          f"each seed's test accuracy, the seeds moved apart along the lr "
@@ -2696,9 +2696,8 @@ def plot_curves(records, path, name=None):
     notes = [f"hollow: the first {counts('eval_probe', probed)} test examples (a probe); "
              f"filled: {full}" if probed else f"every point: {full}"]
     if papers:
-        notes.append("dotted: the paper's Figure 2 (c = 8192, its own budget; read off the "
-                     "plot, ± 0.03)")
-    fig.suptitle(wrapped(f"{name} at {scale_text(name, records)}, MQAR: "
+        notes.append(f"dotted: {PAPER_FIG2_SOURCE}")
+    fig.suptitle(wrapped(f"{name} at {scale_text(sweep_scale(name, records))}, MQAR: "
                          f"{budget_text(records)}, {seeds_text(records)}\n" + "; ".join(notes),
                          fig.get_figwidth()), fontsize=9)
     return save_figure(fig, path)
