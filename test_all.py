@@ -3746,6 +3746,15 @@ def test_poly_star_coeff_roundtrip(n):
     assert torch.equal(th.coeff(th.poly(u), n + 3)[n:], torch.zeros(3, dtype=F64))
 
 
+def test_poly_eval_is_the_sum_of_powers():
+    """The identities above hold for a poly_eval that reads the coefficients backwards too;
+    this pins the order: p(x) = Σ p[i] x^i, written out."""
+    p, x = rand(3, 7, seed=5), torch.tensor([0.7, -1.3, 2.0], dtype=F64)
+    assert torch.allclose(th.poly_eval(p, x), sum(p[:, i] * x ** i for i in range(7)),
+                          atol=1e-12)
+    assert th.poly_eval(torch.tensor([1.0, 2.0], dtype=F64), 3.0) == 7.0     # 1 + 2·3
+
+
 @pytest.mark.parametrize("n", [1, 5, 16, 31])
 def test_poly_mul_is_polynomial_product(n):
     a, b = rand(3, n, seed=n), rand(3, n + 2, seed=n + 100)
