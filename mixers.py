@@ -2778,7 +2778,8 @@ MIXERS = {
     "gated_deltanet": GatedDeltaNet,
     "rwkv7": RWKV7,
 }
-# form="official": the official code's layer, where Figure 2 trained another than the paper's
+# form="official": the official code's layer, where a figure or section (Figure 2, Section 5)
+# trained another than the paper's
 OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,
                   "rwkv": OfficialRWKV, "selective_attention": OfficialSelectiveAttention}
 

@@ -12,9 +12,10 @@ vocabulary-sized logits are computed only there. Two configurations:
                    evaluation); the recipe was chosen by measurement (README, "The main
                    job's recipe").
   --preset=figure2 what the official code ran for Figure 2 (figure2_values): its block,
-                   init, mixer forms, dropout, and its recipe exactly (64 epochs of
-                   100,000 examples, batch 512 / 256 / 128 by N, AdamW with PyTorch's
-                   betas and weight decay on every parameter, cosine per epoch).
+                   init, mixer forms, dropout, and its recipe (64 epochs of 100,000
+                   examples, batch 512 / 256 / 128 by N, AdamW with PyTorch's betas and
+                   weight decay on every parameter, cosine per epoch), but that a
+                   validation split, not the test split, stops a run (figure2_values).
 
 Usage:
   python train.py                     the main job: attention and BaseConv on MQAR (N=64,
@@ -1221,8 +1222,9 @@ EVERY_MIXER_MODELS = {
     "GLA": "gla", "Mamba-2": "mamba2", "DeltaNet": "deltanet", "Gated DeltaNet": "gated_deltanet",
     "RWKV-7": "rwkv7"}
 # the recall frontier: each mixer after a short BaseConv layer, as the official code trains
-# the mixers since the paper (zoology/experiments/models_repo.py at d88d6f5: a per-layer
-# hybrid of BaseConv with kernel 3 and the mixer); attention and BaseConv alike, so that only
+# attention, Based, GLA, DeltaNet, Gated DeltaNet and RWKV-7 (zoology/experiments/
+# models_repo.py at d88d6f5: a per-layer hybrid of BaseConv with kernel 3 and the mixer; its
+# Mamba and Mamba-2 run alone); here every mixer, Mamba's and BaseConv alike, so that only
 # the second layer differs
 FRONTIER_MODELS = {name: f"base_conv:kernel_size=3,{name}"
                    for name in ("attention", "base_conv", "based", "mamba", "gla", "mamba2",
