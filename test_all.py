@@ -3280,9 +3280,9 @@ def test_a_model_has_one_colour_in_every_figure():
     colours = {key(label): set() for label in listed}
     for label, colour in listed.items():
         colours[key(label)].add(colour)
-    assert listed["BaseConv"] == listed["base_conv"] and all(len(c) == 1 for c in
-                                                             colours.values())
-    assert len({c for cs in colours.values() for c in cs}) == len(colours), "one each"
+    assert listed["BaseConv"] == listed["base_conv"]
+    assert all(len(c) == 1 for c in colours.values()), "one colour for a model's names"
+    assert len({c for cs in colours.values() for c in cs}) == len(colours), "one per model"
     assert train.model_color("a new mixer") == train.model_color("a new mixer")
     assert train.model_color("a new mixer") not in listed.values()
 
