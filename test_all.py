@@ -7,6 +7,7 @@ T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A w
 formula loops over channels with ch.
 """
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -718,8 +719,7 @@ def test_initial_values_are_the_ones_the_papers_fix():
     n = torch.arange(1, 17.0)
     assert torch.equal(m.A_log, torch.log(n).repeat(128, 1))
     assert torch.equal(m.skip, torch.ones(128))
-    dt = F.softplus(m.dt_bias)
-    assert 1e-3 <= dt.min() < 2e-3 and 0.05 < dt.max() <= 0.1       # log-uniform in [1e-3, 1e-1]
+    assert spans(F.softplus(m.dt_bias), 1e-3, 0.1)                  # log-uniform in [1e-3, 1e-1]
     r = m.dt_proj.in_features
     assert r == 4 and m.dt_proj.weight.abs().max() <= r ** -0.5 < 2 * m.dt_proj.weight.abs().max()
     h3 = mixers.H3(512, 32, d_state=8)                          # S4D-Lin
@@ -4018,6 +4018,13 @@ def readme_blocks(lang):
 README_TABLE = re.compile(r"^<!-- python train\.py --table=(\S+) -->\n((?:\|.*\n?)+)", re.M)
 
 
+@functools.cache
+def printed_table(name):
+    """What `python train.py --table=NAME` prints from the committed records (once a run)."""
+    with contextlib.chdir(REPO):
+        return train.markdown_table(name)
+
+
 # the README's tables that are not a command's output, by their first column: what files
 # hold, what the official code does, the mixers, the sweeps, the bench, the claims (the
 # claims' numbers are checked against their sweeps' tables below)
@@ -4025,7 +4032,7 @@ README_TEXT_TABLES = ("file", "what", "`--mixer`", "`--sweep`", "mixer", "claim"
                       "paper claim (Section 4, Claim 1)", "paper claim (appendix F.1, Figure 6)")
 
 
-def test_readme_results_tables_are_what_the_records_print(monkeypatch):
+def test_readme_results_tables_are_what_the_records_print():
     """Every results table of the README follows a line `<!-- python train.py --table=NAME -->`
     (any other table is one of README_TEXT_TABLES) and is, character for character, what that
     command prints from the committed records: a number changed by hand, or a record that no
@@ -4042,23 +4049,21 @@ def test_readme_results_tables_are_what_the_records_print(monkeypatch):
     # results still training land with their table: fig2_lr's records, the LM's summary
     assert (not list((REPO / "results" / "fig2_lr").glob("*.json"))) or "fig2_lr" in names
     assert (not (REPO / "results" / "lm.json").exists()) or {"lm", "lm:lr"} <= set(names)
-    monkeypatch.chdir(REPO)
     for name, table in tables:
-        assert table.rstrip("\n") == train.markdown_table(name), f"--table={name}"
+        assert table.rstrip("\n") == printed_table(name), f"--table={name}"
 
 
-def test_readme_claim_tables_quote_their_sweeps_tables(monkeypatch):
+def test_readme_claim_tables_quote_their_sweeps_tables():
     """Every accuracy a claim table quotes (a number with 3 or 4 decimals in its "here"
     column) is one the README tables of the sweep its row names print (the row's command,
     else the row above's; the mixers' claim table, which has no command column, quotes the
     frontier sweep it follows): a quote left stale by new records, or mistyped, fails here.
     The README quotes no derived number (a difference of two means gives the two means)."""
-    monkeypatch.chdir(REPO)
     text = (REPO / "README.md").read_text()
     fraction = re.compile(r"(?<![\d.])\d?\.\d{3,4}(?!\d)")
     printed = {}
     for name, _ in README_TABLE.findall(text):
-        numbers = {round(float(x), 3) for x in fraction.findall(train.markdown_table(name))}
+        numbers = {round(float(x), 3) for x in fraction.findall(printed_table(name))}
         printed.setdefault(name.split(":")[0], set()).update(numbers)
     claims = re.findall(r"^(\| (?:paper )?claim .*)\n\|[-|]+\|\n((?:\|.*\n)+)", text, re.M)
     assert len(claims) == 3

@@ -1637,7 +1637,8 @@ def check_rwkv(seed=0, d_model=8, T=32):
         r, k, v = m._rkv(x, torch.nn.functional.pad(x, (0, 0, 1, -1)))
         out = baseconv_model(torch.cat([k.exp(), x], -1), layers)
         num, den = out[..., :d_model], out[..., d_model:]
-        # weight of position i in the sum at t: e^{-(t-1-i) w} for i < t, e^u at i = t
+        # weight of position i in the sum at t: e^{-(t-1-i) w} for i < t, e^u at i = t, written
+        # out here rather than read from wkv_filter, which the stack itself uses
         t, i = torch.arange(T)[:, None, None], torch.arange(T)[None, :, None]
         weight = torch.where(i < t, torch.exp(-(t - 1 - i) * w), (i == t) * torch.exp(m.u))
         sums = [torch.einsum("tid,bid->btd", weight, a) for a in (k.exp() * v, k.exp())]
