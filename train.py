@@ -1654,11 +1654,12 @@ PLOT_AXES = {"fig2": (("seq_len", "num_kv_pairs"), "d_model"),
              "frontier": (("seq_len", "num_kv_pairs"), "d_model")}
 
 
-def paper_points(sweep, label, seq_len):
-    """Figure 2's read-off (d, accuracy) points for a model at N = seq_len (none elsewhere):
-    the tables' column (the figures read figure2_points, by the run's model and task)."""
-    values = PAPER_FIG2.get(label, {}).get(seq_len, ()) if sweep == "fig2" else ()
-    return list(zip((64, 128, 256, 512), values))
+def figure2_at_64(label, d_model):
+    """Figure 2's read-off accuracy at N = 64 for a model label and width, or None: the
+    tables' column, the same N = 64 value for a cpu run at N = 32 or 64 (the figures read
+    figure2_points, by the run's model, task and (N, D))."""
+    values = PAPER_FIG2.get(label, {}).get(64, ())
+    return dict(zip((64, 128, 256, 512), values)).get(d_model)
 
 
 def figure2_model(config):
@@ -2047,7 +2048,7 @@ def cells_table(name):
                f"{r['test_acc']:.3f}{half}", " ".join(acc_text(x["test_acc"]) for x in runs),
                steps_text(runs)]
         if name == "fig2":
-            paper = dict(paper_points("fig2", r["label"], 64)).get(r["d_model"])
+            paper = figure2_at_64(r["label"], r["d_model"])
             row.append("" if paper is None else f"{paper:.2f}")
         if name == "hybrids":
             stats = [run["selection"][0] for run in runs if "selection" in run]
@@ -2202,7 +2203,7 @@ def epochs_table(name="fig2_epochs"):
     rows = []
     for r in sorted(records, key=key):
         c, test = r["config"], epoch_scores(r, "test_acc")
-        paper = dict(paper_points("fig2", c["label"], 64)).get(c["d_model"])
+        paper = figure2_at_64(c["label"], c["d_model"])
         rows.append([c["label"], c["d_model"], f"{c['lr']:g}", f"{max(test):g}", ENDED[r["ended"]],
                      " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
                      acc_text(r["test_acc"]), acc_text(r["valid_acc"]),
