@@ -2750,25 +2750,14 @@ def test_t_quantile_is_students(dof, quantile):
         assert abs((t.abs() < quantile).double().mean().item() - 0.95) < 0.002
 
 
-# sweeps whose runs are still training (hours of CPU, over sessions): their committed records
-# must be runs the sweep lists, but some are missing, and the README says so
-PENDING_SWEEPS = ("fig2_lr",)
-
-
 def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
-    lines write today: no file under an old name, no run missing, none extra. A sweep still
-    training (PENDING_SWEEPS) may miss runs, and the README names it as pending."""
-    readme = (REPO / "README.md").read_text()
+    lines write today: no file under an old name, no run missing, none extra."""
     for name in train.SWEEPS:
         want = {REPO / train.record_path(train.make_config(**overrides))
                 for _, overrides in train.sweep_runs(name, "cpu")}
         have = set((REPO / "results" / name).glob("*.json"))
-        assert have <= want, (name, sorted(p.name for p in have - want))
-        if name in PENDING_SWEEPS:
-            assert f"--sweep={name}` (runs pending" in readme, name
-        else:
-            assert have == want, (name, sorted(p.name for p in want - have))
+        assert have == want, (name, sorted(p.name for p in have ^ want))
 
 
 def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
@@ -2932,9 +2921,9 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
 
 
 def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch):
-    """fig2_lr (drawn from its committed records, partial while the sweep trains; its PNG is
-    not written): every seed of a panel in the panel's model colour, no two seeds on one
-    spot, the title says the scale and that the steps are at most."""
+    """fig2_lr (drawn from its committed records, every run of the sweep): every seed of a
+    panel in the panel's model colour, no two seeds on one spot, the title says the scale
+    and that the steps are at most, and counts no missing run."""
     monkeypatch.chdir(REPO)
     figures = drawn_figures(monkeypatch)
     train.plot_lr("fig2_lr")
@@ -2947,8 +2936,8 @@ def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch
     assert not spots_shared(fig), spots_shared(fig)
     title = title_of(fig)
     assert "cpu scale" in title and "at most 8,000 steps of 128" in title, title
+    assert " runs" not in title, title                       # "; 58 of its 60 runs" while partial
     assert not clipped_texts(fig), clipped_texts(fig)
-    assert not (REPO / "results" / "fig2_lr.png").exists()
 
 
 def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
@@ -4045,10 +4034,8 @@ def test_readme_results_tables_are_what_the_records_print():
             assert marked or line.split("|")[1].strip() in README_TEXT_TABLES, (i + 1, line)
     tables = README_TABLE.findall(text)
     names = [name for name, _ in tables]
-    assert {"main", "every_mixer", "fig2", "fig6", "hybrids", "f2"} <= set(names)
-    # results still training land with their table: fig2_lr's records, the LM's summary
-    assert (not list((REPO / "results" / "fig2_lr").glob("*.json"))) or "fig2_lr" in names
-    assert (not (REPO / "results" / "lm.json").exists()) or {"lm", "lm:lr"} <= set(names)
+    assert {"main", "every_mixer", "fig2", "fig2_lr", "fig6", "hybrids", "f2", "lm",
+            "lm:lr"} <= set(names)
     for name, table in tables:
         assert table.rstrip("\n") == printed_table(name), f"--table={name}"
 
