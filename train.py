@@ -1659,7 +1659,7 @@ def figure2_at_64(label, d_model):
     tables' column, the same N = 64 value for a cpu run at N = 32 or 64 (the figures read
     figure2_points, by the run's model, task and (N, D))."""
     values = PAPER_FIG2.get(label, {}).get(64, ())
-    return dict(zip((64, 128, 256, 512), values)).get(d_model)
+    return dict(zip(PAPER_GRID["d_model"], values)).get(d_model)
 
 
 def figure2_model(config):
@@ -1684,7 +1684,7 @@ def figure2_points(config):
     """Figure 2's (d, accuracy) points (PAPER_FIG2, read off the plot) for the model and
     (N, D) of `config` (figure2_model); [] where Figure 2 has none."""
     label = figure2_model(config)
-    return list(zip((64, 128, 256, 512), PAPER_FIG2[label][config.seq_len])) if label else []
+    return list(zip(PAPER_GRID["d_model"], PAPER_FIG2[label][config.seq_len])) if label else []
 
 
 def figure2_value(config):
