@@ -1050,15 +1050,15 @@ def check_thm_4_4(seed=0, sizes=((16, 2, 32), (32, 4, 64), (64, 8, 128)),
     rows = []
     for N, D, c in sizes:
         x, y = multiquery_ar(8, c, N, D, random_non_queries=random_non_queries, seed=seed)
-        pred, layers = mqar_baseconv_input_independent(x, c, list(range(1, N)))
         b, need = math.ceil(math.log2(c)), sorted(set(key_query_distances(x, y)))
+        layers = mqar_input_independent_layers(N, b, list(range(1, N)))
+        bits = baseconv_model(to_bits(x, b), layers)          # what the predictions round
+        pred, at = from_bits(bits), y != IGNORE
         L, Np, dp = inner_dim(layers)
         other, _ = multiquery_ar(8, c, N, D, random_non_queries=random_non_queries, seed=seed + 1)
         again = mqar_baseconv_input_independent(other, c, list(range(1, N)))[1]
-        at = y != IGNORE
-        bits = baseconv_model(to_bits(x, b), layers)[at]
         controls = ((Np, dp) == (N, 2 * b * (N - 1)) and L == 4 + max(1, math.ceil(math.log2(b)))
-                    and torch.allclose(bits, to_bits(y[at], b), atol=1e-9)
+                    and torch.allclose(bits[at], to_bits(y[at], b), atol=1e-9)
                     and all(torch.equal(l.h, l2.h) for l, l2 in zip(layers, again))
                     and mqar_accuracy(mqar_baseconv_input_independent(x, c, need)[0], y) == 1.0
                     > mqar_accuracy(mqar_baseconv_input_independent(x, c, need[:-1])[0], y))
