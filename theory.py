@@ -1276,11 +1276,17 @@ def _informative_circuit(num_vars, depth, width, seed):
 def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
     """Thm H.5: random circuits (of degree >= 2 in two variables or more) compiled into
     BaseConv compute their polynomial in y[0, 0] (flipping the output gate changes it), with
-    L <= 2Δ + 3 and d' <= max(Nd + 2, 3w)."""
+    L <= 2Δ + 3 and d' <= max(Nd + 2, 3w). Also x_0 x_{Nd-1} + k for every constant k that
+    random_circuit draws: a constant written wrong (2 as 1) fails even where no random
+    circuit's output depends on that constant."""
     g = torch.Generator().manual_seed(seed)
     ok, worst_L, worst_d = True, 0.0, 0.0
-    for dlt, wd in itertools.product(depths, widths):
-        c = _informative_circuit(N * d, dlt, wd, seed=seed + dlt * wd)
+    n = N * d
+    circuits = [_informative_circuit(n, dlt, wd, seed=seed + dlt * wd)
+                for dlt, wd in itertools.product(depths, widths)]
+    circuits += [Circuit(n, (("var", 0), ("var", n - 1), ("const", k), ("*", 0, 1), ("+", 3, 2)))
+                 for k in range(-2, 3)]
+    for c in circuits:
         layers = compile_circuit(c, N, d)
         u = torch.rand(4, N, d, generator=g, dtype=DTYPE) * 2 - 1
         y, ref = baseconv_model(u, layers), evaluate(c, u.reshape(4, N * d))
@@ -1295,8 +1301,8 @@ def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
                                      ref, atol=1e-6)
         worst_L = max(worst_L, L / (depth(c) * max(1, math.log2(width(c)))))
         worst_d = max(worst_d, dp / width(c))
-    n = len(depths) * len(widths)
-    return [(f"Thm H.5 circuit -> BaseConv, {n} random circuits", _ok(ok),
+    return [(f"Thm H.5 circuit -> BaseConv, {len(depths) * len(widths)} random circuits, "
+             "x_0 x_n-1 + k for k = -2..2", _ok(ok),
              f"max L/(Δ log2 w) = {worst_L:.2f}, max d'/w = {worst_d:.2f}")]
 
 
