@@ -2924,6 +2924,20 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
     assert "seed 0" in title_of(curves)
 
 
+def test_sweep_scale_names_the_grid_that_lists_every_record():
+    """A figure's title names the scale whose grid lists the records: runs of the fig2 paper
+    grid are "paper" (checked after the smaller cpu grid), of its cpu grid "cpu", a mix of
+    the two or a run of neither ""."""
+    record = lambda scale, i: {"config": dataclasses.asdict(train.make_config(
+        **train.sweep_runs("fig2", scale)[i][1]))}
+    paper, cpu = [record("paper", i) for i in (0, -1)], [record("cpu", i) for i in (0, -1)]
+    other = {"config": dataclasses.asdict(train.make_config(seq_len=48))}
+    assert train.sweep_scale("fig2", paper) == "paper"
+    assert train.sweep_scale("fig2", cpu) == "cpu"
+    assert train.sweep_scale("fig2", paper[:1] + cpu[:1]) == ""
+    assert train.sweep_scale("fig2", cpu + [other]) == ""
+
+
 def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch):
     """fig2_lr (drawn from its committed records, every run of the sweep): every seed of a
     panel in the panel's model colour, no two seeds on one spot, the title says the scale
