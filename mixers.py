@@ -131,8 +131,11 @@ class Mixer(nn.Module):
       uses_positions    a model's position_embedding="auto" gives it learned position
                         embeddings (attention's family: a set of keys under its mask);
       takes_tokens      forward(x, tokens) and step(x_t, state, token) need the token ids;
-      keeps_own_init    a model's initialisation leaves its parameters as it drew them
-                        (any submodule may say so too: the implicit filters do);
+      keeps_own_init    a model's default initialisation (init="normal") leaves its
+                        parameters as it drew them (any submodule may say so too: the
+                        implicit filters do); the official init="gpt2" redraws them, as
+                        the official code does, except with the Mamba block (there only
+                        biases and out_proj, its Mamba branch);
       rescale_out_proj  the official GPT-2 initialisation rescales its `out_proj` (False
                         where the official layer has another name for it);
       aux_loss          set by forward: the weighted auxiliary loss that training adds to
@@ -1719,10 +1722,11 @@ class Mamba(Mixer):
     zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), skip = 1 (Mamba's D), Δ
     log-uniform in [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight
     U(±dt_rank^-1/2), the conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as
-    PyTorch draws an nn.Linear. `keeps_own_init`: a model's initialisation leaves all of it
-    alone, as the official model does (its MambaBlock branch only rescales out_proj;
-    train.init_weights). dt_bias is a separate parameter rather than dt_proj's bias (the
-    official code marks that bias `_no_reinit` for the same reason).
+    PyTorch draws an nn.Linear. `keeps_own_init`: a model's default initialisation leaves all
+    of it alone, and so does init="gpt2" with the Mamba block, as the official model does
+    (its MambaBlock branch only rescales out_proj; train.init_weights). dt_bias is a
+    separate parameter rather than dt_proj's bias (the official code marks that bias
+    `_no_reinit` for the same reason).
     State of `step`: h (d_inner, d_state) and the last conv inputs:
     d_inner·(d_state + min(t, d_conv - 1)).
     To copy: this class, SCAN_IMPLS (selective_scan_chunked, selective_scan_sequential, with
@@ -2337,7 +2341,7 @@ class Mamba2(Mixer):
     d_inner where that is smaller), conv 4, one group of B and C. Initialised as
     Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in [1e-3, 1e-1] through dt_bias, skip = 1,
     the conv as PyTorch draws an nn.Conv1d; no biases in the projections. `keeps_own_init`:
-    a model's initialisation leaves it so.
+    a model's default initialisation leaves it so.
     State of `step`: h, H·P·d_state numbers, and the last conv inputs,
     min(t, d_conv - 1)·(d_inner + 2·d_state).
     To copy: this class, SSD_IMPLS (ssd_chunked, ssd_recurrent, with _pad_to_chunks),
@@ -2678,7 +2682,7 @@ class RWKV7(Mixer):
     head's channels, from -1 to 1, squared with its sign), a's bias -0.19 + 0.3·zigzag +
     0.4·(n/(d-1) - 1/2), r, k (gain 0.1), v orthogonal; the output projection is left as
     PyTorch draws it (fla zeroes it, which leaves every other parameter without a gradient
-    at the first step). `keeps_own_init`: a model's initialisation leaves it so.
+    at the first step). `keeps_own_init`: a model's default initialisation leaves it so.
     State of `step`: S, H·dk·dv numbers, and the previous input, d.
     To copy: this class, LoRA, DPLR_IMPLS (dplr_chunked, dplr_recurrent, with _pad_to_chunks),
     _at_least_float32, Mixer, check_choice, check_divides and check_positive.

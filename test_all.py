@@ -3361,6 +3361,15 @@ def test_figure2_preset_is_the_official_sweep():
     assert c.mixer == "rwkv:form=official:layer_idx=0,rwkv:form=official:layer_idx=1"
     c = train.make_config(preset="figure2", mixer="mamba")
     assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
+    # configs.py: MHA with dropout 0.1 and 1 head; Based after a short BaseConv, feature_dim
+    # 8 and 1 head
+    attention = train.LanguageModel(train.make_config(preset="figure2", mixer="attention"))
+    assert [(type(b.mixer).__name__, b.mixer.num_heads, b.mixer.dropout)
+            for b in attention.blocks] == [("Attention", 1, 0.1)] * 2
+    c = train.make_config(preset="figure2", mixer="based")
+    assert c.mixer == "base_conv:kernel_size=3:form=official,based:feature_dim=8"
+    based = train.LanguageModel(c).blocks[1].mixer
+    assert (type(based).__name__, based.feature_dim, based.num_heads) == ("Based", 8, 1)
     assert train.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
     for name in train.FIGURE2_MIXERS:                  # every official model builds
         c = train.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
