@@ -2680,12 +2680,14 @@ def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):
     assert train.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
 
 
-# one record of f2, of hybrids and of fig6, each with its first evaluation at step 50. Not
-# RetNet's f2 record: its step-50 loss moves 0.009 with the thread count and 0.005 on another
-# x86 CPU (an AVX-512 FP16 Xeon against the one that wrote it), the kernels' rounding grown
-# over 50 Adam steps; f2's Hyena moves 2.5e-5 there. These three agree to 2e-6 on both CPUs.
+# two records of f2 (schema 1), one of hybrids and one of fig6, each with its first
+# evaluation at step 50. Not RetNet's f2 record: its step-50 loss moves 0.009 with the thread
+# count and 0.005 on another x86 CPU (an AVX-512 FP16 Xeon against the one that wrote it),
+# the kernels' rounding grown over 50 Adam steps; f2's Hyena moves 2.5e-5 there. These four
+# agree to 2e-6 on both CPUs.
 REPLAYED_RECORDS = [
     "results/f2/h3-N64-D4-d64-lr0.003-s0-c5e6bb3e.json",
+    "results/f2/base_conv-kernel_size3+base_conv-N64-D4-d64-lr0.003-s0-dbc3a661.json",
     "results/hybrids/base_conv-kernel_size3+selective_attention-selectionprogrammatic-N64-D4-"
     "d64-lr0.003-s0-38f1599b.json",
     "results/fig6/sliding_window-window33-N64-D4-d64-lr0.003-s0-aca2af5d.json"]
