@@ -2756,6 +2756,14 @@ def test_t_quantile_is_students(dof, quantile):
         assert abs((t.abs() < quantile).double().mean().item() - 0.95) < 0.002
 
 
+def test_help_names_every_sweep(capsys):
+    """`python train.py --help` (the module docstring) lists every sweep of SWEEPS by name."""
+    assert train.main(["--help"]) == 0
+    usage = capsys.readouterr().out.split("--sweep=fig2 --scale=cpu", 1)[1].split("--plot", 1)[0]
+    named = set(re.findall(r"\w+", usage))
+    assert set(train.SWEEPS) <= named, sorted(set(train.SWEEPS) - named)
+
+
 def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
     lines write today: no file under an old name, no run missing, none extra."""

@@ -25,7 +25,8 @@ Usage:
   python train.py --preset=figure2 --mixer=base_conv --budget_steps=2000
                                       a Figure 2 run, stopped after a CPU budget
   python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2,
-                                      every_mixer, fig2_lr, fig2_pilot, fig2_epochs) at cpu
+                                      frontier, every_mixer, fig2_lr, fig2_pilot,
+                                      fig2_epochs, and main: the main job's two) at cpu
                                       or paper; records in results/<sweep>/, finished
                                       runs skipped, unfinished ones continued;
                                       --workers=K runs K at once; --launcher=slurm submits
