@@ -1702,9 +1702,10 @@ def sweep_scale(name, records):
     scale of it lists them all (a record copied from another sweep's folder counts as the
     run it is: out_dir is not part of a run's identity)."""
     runs = {identity(Config(**r["config"])) for r in records}
+    grids = [(scale, sweep_runs(name, scale)) for scale in SWEEPS.get(name, {})]
     # the smaller grid first: building the paper grid's configs (1,728 for fig2) takes seconds
-    for scale in sorted(SWEEPS.get(name, {}), key=lambda scale: len(sweep_runs(name, scale))):
-        if runs <= {identity(make_config(**o)) for _, o in sweep_runs(name, scale)}:
+    for scale, grid in sorted(grids, key=lambda pair: len(pair[1])):
+        if runs <= {identity(make_config(**o)) for _, o in grid}:
             return scale
     return ""
 
