@@ -138,7 +138,8 @@ class Config:
                                       # and the whole split only if they pass target_acc (0: all)
     target_acc: float = 0.99          # stop once validation accuracy exceeds this
     # bookkeeping
-    preset: str = "cpu"               # "cpu" (these defaults) or "figure2": see PRESETS
+    preset: str = "cpu"               # "cpu" (these defaults), "figure2" or "figure2_plotted":
+                                      # see PRESETS
     seed: int = 0
     device: str = "auto"              # "auto" (cuda, else mps, else cpu: resolve_device), "cpu",
                                       # "cuda", "cuda:INDEX" or "mps"
@@ -175,7 +176,8 @@ def make_config(preset="cpu", **overrides):
 
     preset="cpu" is the Config defaults. preset="figure2" is the official Figure 2 run of
     `mixer` (figure2_values); a mixer named in FIGURE2_MIXERS becomes its official per-layer
-    form, any other mixer setting is used as it is.
+    form, any other mixer setting is used as it is. preset="figure2_plotted" is the run of
+    the launch that Figure 2 plots for `mixer` (plotted_values, PLOTTED_MIXERS).
     """
     fields = [f.name for f in dataclasses.fields(Config)]
     for key in overrides:
@@ -185,11 +187,12 @@ def make_config(preset="cpu", **overrides):
             raise ValueError(f"unknown key --{key}{hint} (keys: {', '.join(fields)})")
     check_choice("preset", preset, tuple(PRESETS))
     config = Config(preset=preset, **overrides)
-    for key, value in PRESETS[preset](config).items():
+    values, layer_forms = PRESETS[preset]
+    for key, value in values(config).items():
         if key not in overrides:
             setattr(config, key, value)
-    if preset == "figure2" and config.mixer in FIGURE2_MIXERS:    # e.g. "h3" -> "h3:form=..."
-        config.mixer = mixer_setting([FIGURE2_MIXERS[config.mixer](i, config.seq_len)
+    if config.mixer in layer_forms:                          # e.g. "h3" -> "h3:form=..."
+        config.mixer = mixer_setting([layer_forms[config.mixer](i, config.seq_len)
                                       for i in range(config.n_layers)])
     return check_config(config)
 
@@ -687,6 +690,10 @@ def run_name(config):
     c = config
     digest = hashlib.sha1(identity(c).encode()).hexdigest()
     mixer = c.mixer.replace(",", "+").replace(":", "-").replace("=", "")
+    if len(mixer) > 120:       # a long stack: a repeated layer once with its count, and cut
+        runs = itertools.groupby(mixer.split("+"))      # (a file name has at most 255 bytes)
+        mixer = "+".join(f"{n}x{k}" if n > 1 else k
+                         for k, n in ((k, len(list(g))) for k, g in runs))[:120]
     task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
     return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
 
@@ -1131,7 +1138,57 @@ def figure2_values(config):
     return values
 
 
-PRESETS = {"cpu": lambda config: {}, "figure2": figure2_values}
+# Figure 2 as its plotted launches ran it. The runs in the figure are not HEAD's configs
+# above: the plotting script (zoology/analysis/d_model.py at fcb7c75, 2023-11-13) reads
+# seven W&B launches, whose ids are their start times, each beside the commit it ran.
+# BaseConv's launch 2023-10-29-17-31-26 ran 8486daf:
+#   zoology/experiments/d_model.py  n_layers=4, BaseConv kernel_size [3, -1, 3, -1] by
+#       layer_idx, state_mixer=Identity, batch_size 1024 for N <= 256 (128 at N = 512),
+#       max_epochs=64, no max_position_embeddings but for attention
+#   zoology/model.py  TransformerBlock builds `config.sequence_mixer` twice, as sequence
+#       and as state mixer (a bug from 0f98dfe until 2f5b63c), both with the same layer_idx:
+#       each block is r + mixer(LN1(r)) then r + mixer(LN2(r)), so 8 pre-norm BaseConv
+#       sublayers with kernels [3, 3, L, L, 3, 3, L, L]; embed_dropout 0.1 on layer 0's input
+#       (zoology/config.py), resid_dropout 0; _init_weights rescales no BaseConv parameter
+#   zoology/train.py  AdamW(model.parameters(), lr): weight decay 0.01 (PyTorch's default)
+#       on every parameter; CosineAnnealingLR(T_max=64) stepped per epoch; Trainer is built
+#       without early_stopping_metric, so no early stop
+#   zoology/data/utils.py  DataLoader(shuffle=True): a new order every epoch
+# Ours differs in what cannot matter to the figure's number or is said: the init and the
+# order are seeded here (the launch seeded neither); the validation split (3,000 examples)
+# is scored but decides nothing, since nothing stopped these runs (target_acc=1.0: a
+# validation accuracy never exceeds it).
+def plotted_batch_size(seq_len):
+    """The batch size of 8486daf's experiments/d_model.py: 1024 up to N = 256, then 128."""
+    return 1024 if seq_len <= 256 else 128 if seq_len <= 512 else 64
+
+
+def plotted_recipe(seq_len):
+    """8486daf's recipe where it differs from HEAD's (figure2_values): batch, weight decay,
+    a new order every epoch, no early stop; 64 epochs of 100,000 examples, evaluated after
+    each."""
+    batch = plotted_batch_size(seq_len)
+    epoch = math.ceil(100_000 / batch)
+    return dict(batch_size=batch, weight_decay=0.01, shuffle=True, target_acc=1.0,
+                max_steps=64 * epoch, eval_every=epoch)
+
+
+def plotted_values(config):
+    """The settings of Figure 2's plotted launch of config's mixer (the comment above names
+    each commit and file): HEAD's (figure2_values) with that launch's model and recipe."""
+    if config.mixer not in PLOTTED_MIXERS:
+        raise ValueError(f"mixer={config.mixer!r} is not allowed with preset='figure2_plotted':"
+                         f" Figure 2 plots launches of {', '.join(PLOTTED_MIXERS)}")
+    return {**figure2_values(config), "block": "pre_norm", "n_layers": 8,
+            **plotted_recipe(config.seq_len)}
+
+
+# sublayer i of the plotted BaseConv is official block i // 2's mixer, built twice
+PLOTTED_MIXERS = {"base_conv": lambda i, N: FIGURE2_MIXERS["base_conv"](i // 2, N)}
+
+# name -> (the preset's values for a config, the per-layer forms of the mixers it names)
+PRESETS = {"cpu": (lambda config: {}, {}), "figure2": (figure2_values, FIGURE2_MIXERS),
+           "figure2_plotted": (plotted_values, PLOTTED_MIXERS)}
 
 
 # ----------------------------------------------------------------------------------------
@@ -1243,6 +1300,15 @@ FIG2_EPOCHS_GRIDS = [dict(models={"base_conv": "base_conv"}, d_model=[64, 128]),
 FIG2_EPOCHS = dict(preset=["figure2"], nd=[(64, 4)], seed=[0])
 # (model, d) -> the lr the pilot chose (pilot_choice of results/fig2_pilot)
 FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3, ("attention", 64): 2.15e-3}
+# Figure 2's BaseConv at N = 64 as plotted (--preset=figure2_plotted: 8486daf's model and
+# recipe), and which of its settings matter: 16 of the 64 epochs at d = 64 and lr 1e-2 (the
+# pilot's choice for HEAD's BaseConv), HEAD's model and recipe swapped one at a time for
+# 8486daf's, and the plotted run at 2.15e-3 too. HEAD itself is fig2_epochs' d = 64 run (its
+# first 16 epochs). README, "Figure 2 as it was run".
+PLOTTED_EPOCHS = 16
+PLOTTED_BASE_CONV = dict(block="pre_norm", n_layers=8, mixer=mixer_setting(
+    [PLOTTED_MIXERS["base_conv"](i, 64) for i in range(8)]))
+FIG2_PLOTTED = dict(nd=[(64, 4)], d_model=[64], seed=[0])
 SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models={"attention": "attention",
@@ -1306,6 +1372,15 @@ SWEEPS = {
                                  lr=[FIG2_EPOCHS_LRS[label, d]])
                             for grid in FIG2_EPOCHS_GRIDS for label in grid["models"]
                             for d in grid["d_model"] if (label, d) in FIG2_EPOCHS_LRS]},
+    "fig2_plotted": {"cpu": [
+        dict(models={"as plotted (8486daf)": "base_conv"}, preset=["figure2_plotted"],
+             lr=[1e-2, 2.15e-3], budget_steps=[PLOTTED_EPOCHS * 98], **FIG2_PLOTTED),
+        dict(models={"HEAD, 4 layers": dict(mixer="base_conv", n_layers=4),
+                     "8486daf model, HEAD recipe": PLOTTED_BASE_CONV},
+             preset=["figure2"], lr=[1e-2], budget_steps=[PLOTTED_EPOCHS * 196], **FIG2_PLOTTED),
+        dict(models={"HEAD model, 8486daf recipe": dict(mixer="base_conv",
+                                                            **plotted_recipe(64))},
+             preset=["figure2"], lr=[1e-2], budget_steps=[PLOTTED_EPOCHS * 98], **FIG2_PLOTTED)]},
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
         "paper": dict(models=F2_MODELS, **PAPER_GRID),
