@@ -2613,6 +2613,42 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     assert (tmp_path / "results/fig2_epochs.png").exists()
 
 
+def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monkeypatch):
+    """fig2_plotted: the plotted run with the better validation accuracy after 16 epochs is
+    marked, though its test accuracy is worse; HEAD's BaseConv rows come from fig2_epochs
+    (not its attention run); the repository figure's value stands beside each width; the
+    figure is drawn."""
+    monkeypatch.chdir(tmp_path)
+    def record(folder, preset, lr, valid, test, epochs, ended="budget_steps", mixer="base_conv",
+               label="as plotted (8486daf)"):
+        c = train.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
+                              out_dir=f"results/{folder}", progress=False)
+        epoch = train.steps_per_epoch(c)
+        history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
+                    "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
+        train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
+                           "history": history, "steps": epochs * epoch, "ended": ended,
+                           "train_time_s": 3600.0}, train.record_path(c))
+    record("fig2_plotted", "figure2_plotted", 1e-2, valid=0.4, test=0.9, epochs=16)
+    record("fig2_plotted", "figure2_plotted", 2.15e-3, valid=0.5, test=0.3, epochs=16)
+    record("fig2_epochs", "figure2", 1e-2, valid=0.32, test=0.56, epochs=64, ended="max_steps",
+           label="base_conv")
+    record("fig2_epochs", "figure2", 1e-2, valid=0.99, test=0.99, epochs=2, mixer="attention",
+           label="attention", ended="target_reached")
+    rows = [r.strip("| ").split(" | ") for r in train.markdown_table("fig2_plotted").splitlines()[2:]]
+    assert [r[:8] for r in rows] == [
+        ["HEAD", "64", "0.01", "2", "512", "0.1", "no", "64"],
+        ["as plotted (8486daf)", "64", "0.00215", "8", "1,024", "0.01", "yes", "16 (budget)"],
+        ["as plotted (8486daf)", "64", "0.01", "8", "1,024", "0.01", "yes", "16 (budget)"]]
+    assert [r[8:] for r in rows] == [
+        [".009 .018 .035 .070 .140 .280 .420 .560", ".080", "0.70", "1.0"],
+        [".019 .037 .075 .150 .300 – – –", ".500 ✓", "0.70", "1.0"],
+        [".056 .113 .225 .450 .900 – – –", ".400", "0.70", "1.0"]]
+    assert train.plotted_choice(train.plotted_runs()) == {64: 2.15e-3}
+    assert train.main(["--plot=fig2_plotted"]) == 0
+    assert (tmp_path / "results/fig2_plotted.png").stat().st_size > 10_000
+
+
 @pytest.mark.parametrize("mixer", ["sliding_window:window=3", "blocked_attention:block_size=4",
                                    "short_conv:kernel_size=2,sliding_window:window=4",
                                    "attention", "sliding_window:window=3,attention"])
@@ -2764,14 +2800,23 @@ def test_help_names_every_sweep(capsys):
     assert set(train.SWEEPS) <= named, sorted(set(train.SWEEPS) - named)
 
 
+# sweeps still training (across sessions, from their checkpoints): their records so far
+PENDING_SWEEPS = {"fig2_plotted"}
+
+
 def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
-    lines write today: no file under an old name, no run missing, none extra."""
+    lines write today: no file under an old name, no run missing, none extra; a sweep
+    still training (PENDING_SWEEPS) has some of them, not all."""
     for name in train.SWEEPS:
         want = {REPO / train.record_path(train.make_config(**overrides))
                 for _, overrides in train.sweep_runs(name, "cpu")}
         have = set((REPO / "results" / name).glob("*.json"))
-        assert have == want, (name, sorted(p.name for p in have ^ want))
+        if name in PENDING_SWEEPS:
+            assert have < want, (name, "finished: take it out of PENDING_SWEEPS"
+                                 if have == want else sorted(p.name for p in have - want))
+        else:
+            assert have == want, (name, sorted(p.name for p in have ^ want))
 
 
 def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
@@ -3389,6 +3434,91 @@ def test_figure2_preset_is_the_official_sweep():
         train.make_config(preset="fig2")
     assert train.parse_overrides(["--preset=figure2", "--mixer=hyena"]).mixer.startswith(
         "hyena:form=official")
+
+
+def test_figure2_plotted_preset_is_each_plotted_launch():
+    """--preset=figure2_plotted, every setting written out from the launch's commit (train.py
+    names each): AdamW's default weight decay 0.01 on every parameter, reshuffled, 64 epochs
+    of 100,000, evaluated each epoch, no early stop; the batch of d_model.py by N; the
+    attention, Hyena and RWKV blocks with model.py's tanh MLP; BaseConv's and H3's doubled."""
+    shared = dict(block="pre_norm", weight_decay=0.01, decay_all=True, shuffle=True,
+                  target_acc=1.0, schedule="cosine_epochs", init="gpt2", dropout=0.1,
+                  beta2=0.999, grad_clip=0.0, warmup_steps=0, num_train=100_000, num_test=3000,
+                  num_valid=3000, vocab_size=8192, eval_probe=0, power_a=0.01)
+    S, L = "base_conv:kernel_size=3:form=official", "base_conv:form=official"
+    launches = {   # mixer: (n_layers, mlp, activation, batch at N = 64, 128, 256, 512, mixer)
+        "attention": (2, True, "tanh", (256, 256, 256, 128), "attention:dropout=0.1,"
+                      "attention:dropout=0.1"),
+        "hyena": (2, True, "tanh", (1024, 1024, 1024, 128), "hyena:form=official,"
+                  "hyena:form=official"),
+        "rwkv": (2, True, "tanh", (1024, 1024, 1024, 128), "rwkv:form=official:layer_idx=0,"
+                 "rwkv:form=official:layer_idx=1"),
+        "base_conv": (8, False, "gelu", (1024, 1024, 1024, 128), ",".join([S, S, L, L] * 2)),
+        "h3": (4, False, "gelu", (1024, 1024, 256, 128), ",".join(
+            ["h3:form=official:d_state=N:head_dim=2"] * 4))}
+    for mixer, (n_layers, mlp, activation, batches, layers) in launches.items():
+        for N, D, batch in zip((64, 128, 256, 512), (4, 8, 16, 64), batches):
+            c = train.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
+                                  num_kv_pairs=D, lr=1e-2)
+            assert {k: getattr(c, k) for k in shared} == shared, mixer
+            epoch = -(-100_000 // batch)
+            assert (c.n_layers, c.mlp, c.mlp_activation, c.batch_size) == (
+                n_layers, mlp, activation, batch), (mixer, N)
+            assert (c.max_steps, c.eval_every, c.lr) == (64 * epoch, epoch, 1e-2)
+            assert c.mixer == layers.replace("d_state=N", f"d_state={N}")
+    assert train.make_config(preset="figure2_plotted", mixer="base_conv").max_steps == 6272
+    c = train.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
+    assert c.batch_size == 64 and c.max_steps == 64 * 391, "given keys win over the preset"
+    with pytest.raises(ValueError, match="mixer='mamba' is not allowed with preset='figure2_pl"):
+        train.make_config(preset="figure2_plotted", mixer="mamba")
+    with pytest.raises(ValueError, match="mlp_activation='tanh' is not allowed with mlp=False"):
+        train.make_config(mlp_activation="tanh")
+    with pytest.raises(ValueError, match="mlp_activation='relu' is not allowed"):
+        train.make_config(mlp=True, mlp_activation="relu")
+
+
+def plotted_launch_backbone(model, tokens, doubled):
+    """zoology/model.py's LMBackbone.forward at the plotted launches' commits, transcribed
+    over our model's modules (eval mode): each TransformerBlock is r + mixer(LN1(r)), then
+    its state mixer on LN2(r), added at the next block or the final norm. The state mixer is
+    model.py's MLP, fc2(tanh(fc1(x))), or with `doubled` (the bug of 0f98dfe) the block's
+    mixer built again: our blocks 2j and 2j + 1 are official block j's two mixers."""
+    hidden = model.embed(tokens)
+    if model.pos is not None:
+        hidden = hidden + model.pos(torch.arange(tokens.shape[1]))
+    residual = None
+    blocks = list(model.blocks)
+    pairs = zip(blocks[0::2], blocks[1::2]) if doubled else ((b, b) for b in blocks)
+    for first, second in pairs:
+        residual = hidden + residual if residual is not None else hidden
+        hidden = first.mixer(first.norm1(residual))
+        residual = hidden + residual
+        if doubled:
+            hidden = second.mixer(second.norm1(residual))
+        else:
+            a = first.norm2(residual) @ first.mlp.fc.weight.T + first.mlp.fc.bias
+            hidden = torch.tanh(a) @ first.mlp.out_proj.weight.T + first.mlp.out_proj.bias
+    return model.norm(hidden + residual)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "hyena", "rwkv", "base_conv", "h3"])
+def test_figure2_plotted_models_are_the_launches_transcription(mixer):
+    """One forward of each plotted model in float64 against the launch's backbone written
+    out (plotted_launch_backbone), norms perturbed; the model's own step agrees. Against
+    HEAD's identity_mlp block the same weights give another output."""
+    c = train.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32, num_kv_pairs=2,
+                          vocab_size=256, d_model=16)
+    torch.manual_seed(0)
+    model = train.LanguageModel(c).double().eval()
+    perturb_(model, 0.5, only="norm")
+    x, _ = multiquery_ar(3, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    with torch.no_grad():
+        want = plotted_launch_backbone(model, x, doubled=mixer in ("base_conv", "h3"))
+        assert torch.allclose(model(x), want, atol=1e-10)
+        if mixer == "attention":
+            a = model.blocks[0].mlp.fc(torch.ones(16, dtype=torch.float64))
+            assert torch.allclose(model.blocks[0].mlp.activation(a), torch.tanh(a))
+    assert torch.allclose(model_steps(model, x), want, atol=1e-8)
 
 
 def test_cosine_epochs_is_torch_cosine_annealing_stepped_per_epoch():
@@ -4133,13 +4263,19 @@ def test_readme_main_command_solves_mqar(tmp_path):
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^run: .*\n\t\$\(PYTHON\) train\.py \$\(ARGS\)$", makefile, re.M)
     assert re.search(r"^test: .*\n\t\$\(PYTHON\) -m pytest -q test_all\.py$", makefile, re.M)
-    assert (REPO / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()
+    assert ci[-3] == "make run" and ci[-1] == "make test", ci
+    assert ci[-2].startswith('test -z "$(git status --porcelain)" ||'), "the tree stays clean"
+    # bounded so that a hang fails, not a slow machine (two minutes here, alone)
     out = subprocess.run([sys.executable, str(REPO / "train.py")], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=600)
+                         text=True, cwd=tmp_path, timeout=3600)
     assert out.returncode == 0, out.stderr[-2000:]
-    records = {r["config"]["label"]: r for r in train.load_records(tmp_path / "results" / "main")}
+    assert "wrote results/runs/main.png" in out.stdout and not (tmp_path / "results/main").exists()
+    records = {r["config"]["label"]: r for r in
+               train.load_records(tmp_path / "results" / "runs" / "main")}
     assert set(records) == {"attention", "base_conv"}
     assert records["attention"]["ended"] == "target_reached"        # on validation, so
     assert records["attention"]["valid_acc"] > 0.99 and records["attention"]["test_acc"] > 0.98
     assert records["base_conv"]["test_acc"] < 0.9
-    assert "test acc" in out.stdout and (tmp_path / "results" / "main.png").stat().st_size > 1e4
+    assert "test acc" in out.stdout
+    assert (tmp_path / "results" / "runs" / "main.png").stat().st_size > 1e4

@@ -3,7 +3,7 @@
 The model of Figure 2: token embedding tied with the output head, learned position
 embedding (attention only, by default), L blocks around the sequence mixers of mixers.py,
 final LayerNorm. Loss and accuracy only at the labelled (query) positions, where the
-vocabulary-sized logits are computed only there. Two configurations:
+vocabulary-sized logits are computed only there. Three configurations:
 
   the CPU default  (the Config defaults) pre-norm blocks x = x + mixer(LN(x)), each mixer
                    in its paper form, AdamW (0.9, 0.999) with weight decay 0.1 on matrices,
@@ -11,23 +11,28 @@ vocabulary-sized logits are computed only there. Two configurations:
                    (every decision reads the validation split, never the test split: see
                    evaluation); the recipe was chosen by measurement (README, "The main
                    job's recipe").
-  --preset=figure2 what the official code ran for Figure 2 (figure2_values): its block,
+  --preset=figure2 what the official code (HEAD) has for Figure 2 (figure2_values): its block,
                    init, mixer forms, dropout, and its recipe (64 epochs of 100,000
                    examples, batch 512 / 256 / 128 by N, AdamW with PyTorch's betas and
                    weight decay on every parameter, cosine per epoch), but that a
                    validation split, not the test split, stops a run (figure2_values).
+  --preset=figure2_plotted  the run of the launch that Figure 2 plots for the mixer
+                   (plotted_values): the commits before HEAD that made the figure, with
+                   their batch, weight decay 0.01, reshuffling, no early stop, and their
+                   blocks (a tanh MLP after attention, Hyena, RWKV; BaseConv and H3 doubled).
 
 Usage:
   python train.py                     the main job: attention and BaseConv on MQAR (N=64,
-                                      D=4, d=64), a table and results/main.png
+                                      D=4, d=64), a table and results/runs/main.png
   python train.py --mixer=h3 --lr=1e-3  one run, any default overridden by --key=value
   python train.py --seeds=5           seeds seed .. seed+4, then median and range
   python train.py --preset=figure2 --mixer=base_conv --budget_steps=2000
                                       a Figure 2 run, stopped after a CPU budget
   python train.py --sweep=fig2 --scale=cpu   a sweep of SWEEPS (fig2, fig6, hybrids, f2,
                                       frontier, every_mixer, fig2_lr, fig2_pilot,
-                                      fig2_epochs, and main: the main job's two) at cpu
-                                      or paper; records in results/<sweep>/, finished
+                                      fig2_epochs, fig2_plotted, and main: the main
+                                      job's two) at cpu or paper; records in
+                                      results/<sweep>/, finished
                                       runs skipped, unfinished ones continued;
                                       --workers=K runs K at once; --launcher=slurm submits
                                       them through submitit (submit_sweep); --dry_run
@@ -103,6 +108,8 @@ class Config:
     n_layers: int = 2
     block: str = "pre_norm"           # one of BLOCKS: "pre_norm", "identity_mlp", "rms_pre_norm"
     mlp: bool = False                 # the Figure 2 configs have no MLP
+    mlp_activation: str = "gelu"      # of the MLP d -> 4d -> d: one of ACTIVATIONS ("tanh":
+                                      # the MLP of Figure 2's attention, Hyena, RWKV launches)
     position_embedding: str = "auto"  # "auto" (learned iff every mixer `uses_positions`),
                                       # "learned" or "none"
     dropout: float = 0.0              # on the embeddings (the official configs: 0.1)
@@ -305,6 +312,11 @@ def check_config(config):
     if c.mlp and c.block == "identity_mlp":
         raise ValueError(f"mlp=True is not allowed with block={c.block!r}: that block has no "
                          "MLP sublayer; use block='pre_norm' or 'rms_pre_norm'")
+    check_choice("mlp_activation", c.mlp_activation, tuple(ACTIVATIONS))
+    if c.mlp_activation != "gelu" and not (c.mlp and c.block == "pre_norm"):
+        raise ValueError(f"mlp_activation={c.mlp_activation!r} is not allowed with mlp={c.mlp}, "
+                         f"block={c.block!r}: it is the activation of the pre-norm block's MLP "
+                         "(mlp=True, block='pre_norm'; rms_pre_norm's MLP is SwiGLU)")
     for key in ("d_model", "n_layers", "num_train", "num_test", "batch_size", "max_steps",
                 "eval_every"):
         if getattr(c, key) < 1:
@@ -363,14 +375,18 @@ def resolve_device(name):
 # the model of Figure 2: token embedding tied with the head, L blocks, final LayerNorm;
 # learned positions for attention only
 
+ACTIVATIONS = {"gelu": F.gelu, "tanh": torch.tanh}
+
+
 class MLP(nn.Module):
-    def __init__(self, d_model):
+    def __init__(self, d_model, activation="gelu"):
         super().__init__()
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out_proj = nn.Linear(4 * d_model, d_model)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x):
-        return self.out_proj(F.gelu(self.fc(x)))
+        return self.out_proj(self.activation(self.fc(x)))
 
 
 class SwiGLU(nn.Module):
@@ -402,14 +418,14 @@ class Block(nn.Module):
                   with mlp, then x = x + SwiGLU(RMSNorm(x)): the Llama block.
     """
 
-    def __init__(self, mixer, d_model, kind="pre_norm", mlp=False):
+    def __init__(self, mixer, d_model, kind="pre_norm", mlp=False, activation="gelu"):
         super().__init__()
         self.kind, self.mixer = kind, mixer
         rms = kind == "rms_pre_norm"
         norm = lambda: nn.RMSNorm(d_model, eps=1e-5) if rms else nn.LayerNorm(d_model)
         self.norm1 = norm()
         self.norm2 = norm() if mlp or kind == "identity_mlp" else None
-        self.mlp = (SwiGLU(d_model) if rms else MLP(d_model)) if mlp else None
+        self.mlp = (SwiGLU(d_model) if rms else MLP(d_model, activation)) if mlp else None
 
     def _second_sublayer(self, x):
         if self.mlp is not None:
@@ -442,7 +458,8 @@ class LanguageModel(nn.Module):
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp)
+            Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp,
+                  c.mlp_activation)
             for name, kwargs in c.layers)
         self.norm = nn.LayerNorm(c.d_model)
         init_weights(self, c.init, c.n_layers, c.block)
@@ -1139,52 +1156,73 @@ def figure2_values(config):
 
 
 # Figure 2 as its plotted launches ran it. The runs in the figure are not HEAD's configs
-# above: the plotting script (zoology/analysis/d_model.py at fcb7c75, 2023-11-13) reads
-# seven W&B launches, whose ids are their start times, each beside the commit it ran.
-# BaseConv's launch 2023-10-29-17-31-26 ran 8486daf:
-#   zoology/experiments/d_model.py  n_layers=4, BaseConv kernel_size [3, -1, 3, -1] by
-#       layer_idx, state_mixer=Identity, batch_size 1024 for N <= 256 (128 at N = 512),
-#       max_epochs=64, no max_position_embeddings but for attention
-#   zoology/model.py  TransformerBlock builds `config.sequence_mixer` twice, as sequence
-#       and as state mixer (a bug from 0f98dfe until 2f5b63c), both with the same layer_idx:
-#       each block is r + mixer(LN1(r)) then r + mixer(LN2(r)), so 8 pre-norm BaseConv
-#       sublayers with kernels [3, 3, L, L, 3, 3, L, L]; embed_dropout 0.1 on layer 0's input
-#       (zoology/config.py), resid_dropout 0; _init_weights rescales no BaseConv parameter
-#   zoology/train.py  AdamW(model.parameters(), lr): weight decay 0.01 (PyTorch's default)
-#       on every parameter; CosineAnnealingLR(T_max=64) stepped per epoch; Trainer is built
-#       without early_stopping_metric, so no early stop
-#   zoology/data/utils.py  DataLoader(shuffle=True): a new order every epoch
-# Ours differs in what cannot matter to the figure's number or is said: the init and the
-# order are seeded here (the launch seeded neither); the validation split (3,000 examples)
-# is scored but decides nothing, since nothing stopped these runs (target_acc=1.0: a
-# validation accuracy never exceeds it).
-def plotted_batch_size(seq_len):
-    """The batch size of 8486daf's experiments/d_model.py: 1024 up to N = 256, then 128."""
-    return 1024 if seq_len <= 256 else 128 if seq_len <= 512 else 64
+# above: the plotting script (zoology/analysis/d_model.py at fcb7c75, 2023-11-13) takes the
+# last test accuracy of each run and the max over the lrs, over seven W&B launches whose ids
+# are their start times, each just before or beside the commit whose experiments/d_model.py
+# leaves that mixer alone active:
+#   attention 2023-10-25-22-20-38, da3ff38 (890786b + launch ids); Hyena 2023-10-26-19-09-31,
+#   0a76ef2; RWKV 2023-10-27-04-13-56, d9429b3; BaseConv 2023-10-29-17-31-26, 8486daf;
+#   H3 2023-11-12-00-31-44 (N = 128 to 512), 174d6cc, and 2023-11-13-00-31-15 / -00-42-27
+#   (N = 64), between 49b1384 and fcb7c75 (uncommitted; the least certain launch).
+# What they share where HEAD differs (zoology/train.py, zoology/data/utils.py, model.py):
+#   AdamW(model.parameters(), lr): weight decay 0.01, PyTorch's default (written out from
+#   15428b3 on), on every parameter; the train DataLoader reshuffles every epoch; `Trainer`
+#   is built without early_stopping_metric, so no run stops early; 64 epochs,
+#   CosineAnnealingLR(T_max=64) stepped per epoch, as HEAD.
+# The block: model.py's TransformerBlock is r + mixer(LN1(r)) then r + state_mixer(LN2(r)).
+#   Attention, Hyena, RWKV (before 0f98dfe): the state mixer is model.py's MLP, fc1 d -> 4d,
+#   tanh, fc2 4d -> d, with biases, and _init_weights rescales fc2 (as out_proj) to
+#   0.02/sqrt(2 n_layers). BaseConv and H3 (0f98dfe until 2f5b63c): TransformerBlock builds
+#   the sequence mixer again as the state mixer, with the same layer_idx, so each of the
+#   n_layers blocks is two mixer sublayers: BaseConv's n_layers=4 gives 8, kernels
+#   [3, 3, L, L, 3, 3, L, L]; H3's n_layers=2 gives 4. Here those are n_layers pre-norm blocks.
+# Batch size (d_model.py): 1024 for N <= 256 and 128 at N = 512 (Hyena, RWKV, BaseConv);
+#   attention 256 and 128; H3 1024 up to N = 128, 256 at 256, 128 at 512.
+# Ours differs where it cannot matter to the number or is said: the init and the order are
+# seeded here (attention's to BaseConv's launches seeded neither); the validation split
+# (3,000 examples) is scored and decides nothing, as nothing stopped these runs
+# (target_acc=1.0: no accuracy exceeds it); RWKV's wkv is computed in float32 (the launch's
+# CUDA kernel ran in bfloat16); H3's N = 64 launch may have had weight decay 0.1 (fcb7c75's
+# config.py) where 0.01 is taken here, and lrs logspace(-3.3, -2, 4) at N >= 128.
+PLOTTED_BATCH = {"attention": (256, 256, 256, 128), "h3": (1024, 1024, 256, 128)}
 
 
-def plotted_recipe(seq_len):
-    """8486daf's recipe where it differs from HEAD's (figure2_values): batch, weight decay,
-    a new order every epoch, no early stop; 64 epochs of 100,000 examples, evaluated after
-    each."""
-    batch = plotted_batch_size(seq_len)
+def plotted_batch_size(mixer, seq_len):
+    """The batch size of mixer's launch at N = 64, 128, 256, 512 (see above)."""
+    sizes = PLOTTED_BATCH.get(mixer, (1024, 1024, 1024, 128))
+    return sizes[min(3, max(0, seq_len.bit_length() - 7))]
+
+
+def plotted_recipe(mixer, seq_len):
+    """The launches' recipe where it differs from HEAD's (figure2_values): batch, weight
+    decay, a new order every epoch, no early stop; 64 epochs of 100,000 examples, evaluated
+    after each."""
+    batch = plotted_batch_size(mixer, seq_len)
     epoch = math.ceil(100_000 / batch)
     return dict(batch_size=batch, weight_decay=0.01, shuffle=True, target_acc=1.0,
                 max_steps=64 * epoch, eval_every=epoch)
 
 
+# each launch's model where it differs from HEAD's: the block, its depth, the state mixer
+PLOTTED_MODELS = {"attention": dict(n_layers=2, mlp=True, mlp_activation="tanh"),
+                  "hyena": dict(n_layers=2, mlp=True, mlp_activation="tanh"),
+                  "rwkv": dict(n_layers=2, mlp=True, mlp_activation="tanh"),
+                  "base_conv": dict(n_layers=8), "h3": dict(n_layers=4)}
+
+
 def plotted_values(config):
     """The settings of Figure 2's plotted launch of config's mixer (the comment above names
     each commit and file): HEAD's (figure2_values) with that launch's model and recipe."""
-    if config.mixer not in PLOTTED_MIXERS:
+    if config.mixer not in PLOTTED_MODELS:
         raise ValueError(f"mixer={config.mixer!r} is not allowed with preset='figure2_plotted':"
-                         f" Figure 2 plots launches of {', '.join(PLOTTED_MIXERS)}")
-    return {**figure2_values(config), "block": "pre_norm", "n_layers": 8,
-            **plotted_recipe(config.seq_len)}
+                         f" Figure 2 plots launches of {', '.join(PLOTTED_MODELS)}")
+    return {**figure2_values(config), "block": "pre_norm", **PLOTTED_MODELS[config.mixer],
+            **plotted_recipe(config.mixer, config.seq_len)}
 
 
-# sublayer i of the plotted BaseConv is official block i // 2's mixer, built twice
-PLOTTED_MIXERS = {"base_conv": lambda i, N: FIGURE2_MIXERS["base_conv"](i // 2, N)}
+# each sublayer's mixer: the doubled BaseConv's sublayer i is official block i // 2's mixer
+# (H3's doubled layers are all alike)
+PLOTTED_MIXERS = {**FIGURE2_MIXERS, "base_conv": lambda i, N: FIGURE2_MIXERS["base_conv"](i // 2, N)}
 
 # name -> (the preset's values for a config, the per-layer forms of the mixers it names)
 PRESETS = {"cpu": (lambda config: {}, {}), "figure2": (figure2_values, FIGURE2_MIXERS),
@@ -1379,7 +1417,7 @@ SWEEPS = {
                      "8486daf model, HEAD recipe": PLOTTED_BASE_CONV},
              preset=["figure2"], lr=[1e-2], budget_steps=[PLOTTED_EPOCHS * 196], **FIG2_PLOTTED),
         dict(models={"HEAD model, 8486daf recipe": dict(mixer="base_conv",
-                                                            **plotted_recipe(64))},
+                                                            **plotted_recipe("base_conv", 64))},
              preset=["figure2"], lr=[1e-2], budget_steps=[PLOTTED_EPOCHS * 98], **FIG2_PLOTTED)]},
     # appendix F.2: RetNet and sparse attention next to the gated convolutions
     "f2": {
@@ -1390,8 +1428,9 @@ SWEEPS = {
 }
 
 
-def sweep_runs(name, scale):
-    """The runs of sweep `name` at `scale`, as (label, Config overrides) pairs."""
+def sweep_runs(name, scale, folder=None):
+    """The runs of sweep `name` at `scale`, as (label, Config overrides) pairs, their records
+    in `folder` (by default results/<name>)."""
     check_choice("sweep", name, tuple(SWEEPS))
     check_choice("scale", scale, tuple(SWEEPS[name]))
     grids, runs = SWEEPS[name][scale], []
@@ -1401,7 +1440,7 @@ def sweep_runs(name, scale):
         for label, model in models.items():
             model = model if isinstance(model, dict) else dict(mixer=model)
             for (N, D), *values in itertools.product(nd, *grid.values()):
-                overrides = dict(label=label, **model, out_dir=f"results/{name}",
+                overrides = dict(label=label, **model, out_dir=folder or f"results/{name}",
                                  progress=False, **dict(zip(grid, values)))
                 if N is not None:
                     overrides.update(seq_len=N, num_kv_pairs=D)
@@ -1409,12 +1448,14 @@ def sweep_runs(name, scale):
     return runs
 
 
-def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
+def run_sweep(name, scale, dry_run=False, resume=True, workers=1, folder=None):
     """Run every run of the sweep that has no finished record yet (a killed sweep resumes
     where it stopped, each unfinished run from its checkpoint; resume=False trains the finished
     runs again too), with a bar over runs: in this process, or in `workers` processes at once
-    (run_in_processes); with dry_run, print one command line per run instead."""
-    runs = sweep_runs(name, scale)
+    (run_in_processes); with dry_run, print one command line per run instead. The records go
+    to `folder` (by default results/<name>)."""
+    folder = folder or f"results/{name}"
+    runs = sweep_runs(name, scale, folder)
     if dry_run:
         for _, overrides in runs:                  # the command line of each run
             print("python train.py " + " ".join(shlex.quote(f"--{k}={v}")
@@ -1425,7 +1466,7 @@ def run_sweep(name, scale, dry_run=False, resume=True, workers=1):
         """Finished runs by what they ran (a record from before a new Config key reads as
         having its default); read before every run, so that runs other workers finish
         (--dry_run lines) are skipped too. A foreign file stops the sweep before any run."""
-        return {identity(Config(**r["config"])): r for r in load_records(f"results/{name}")
+        return {identity(Config(**r["config"])): r for r in load_records(folder)
                 if r["ended"] != "interrupted"} if resume else {}
 
     finished()
@@ -2326,6 +2367,94 @@ def plot_epochs(name="fig2_epochs"):
     return save_figure(fig, f"results/{name}.png")
 
 
+# Figure 2's BaseConv as plotted (fig2_plotted): 16 epochs of each swap, then the 64 epochs
+
+# BaseConv at N = 64 in the official repository's Figure 2 (assets/figure2.png, added in
+# 66f4918), read off its pixels (±0.01) at d = 64 and 128
+REPO_FIG2_BASE_CONV = {64: 0.70, 128: 0.94}
+HEAD_RUNS = "fig2_epochs"                    # HEAD's recipe (--preset=figure2), 64 epochs
+
+
+def plotted_runs(name="fig2_plotted"):
+    """The records of the fig2_plotted table: its own, then HEAD's BaseConv runs of
+    fig2_epochs (labelled "HEAD"), whose first 16 epochs are the swaps' reference."""
+    head = [{**r, "config": {**r["config"], "label": "HEAD"}}
+            for r in load_records(f"results/{HEAD_RUNS}") if r["config"]["label"] == "base_conv"]
+    return load_records(f"results/{name}") + head
+
+
+def plotted_choice(records):
+    """{d: lr}: for the 64-epoch runs as plotted, the lr whose 16-epoch run ("as plotted",
+    stopped by budget_steps) ends with the best validation accuracy."""
+    best = {}
+    for r in records:
+        c = r["config"]
+        if c["preset"] == "figure2_plotted" and r["ended"] == "budget_steps":
+            if r["valid_acc"] > best.get(c["d_model"], (-1, None))[0]:
+                best[c["d_model"]] = (r["valid_acc"], c["lr"])
+    return {d: lr for d, (_, lr) in best.items()}
+
+
+def plotted_table(name="fig2_plotted"):
+    """One row per run (plotted_runs): its model and recipe, test accuracy after the epochs
+    of EPOCHS_SHOWN, validation accuracy after epoch 16 (which picks the 64-epoch runs' lr:
+    plotted_choice), and the repository figure's value for its width."""
+    records, key = plotted_runs(name), lambda r: (r["config"]["d_model"],
+                                                   r["config"]["label"] != "HEAD")
+    chosen = plotted_choice(records)
+    rows = []
+    for r in sorted(records, key=key):
+        c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+        valid = epoch_scores(r, "valid_acc")
+        picked = (c.preset == "figure2_plotted" and r["ended"] == "budget_steps"
+                  and chosen.get(c.d_model) == c.lr)
+        rows.append([c.label, c.d_model, f"{c.lr:g}", c.n_layers, f"{c.batch_size:,}",
+                     f"{c.weight_decay:g}", "yes" if c.shuffle else "no",
+                     f"{max(test)}" + (" (budget)" if r["ended"] == "budget_steps" else ""),
+                     " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
+                     acc_text(valid[PLOTTED_EPOCHS]) + (" ✓" if picked else ""),
+                     f"{REPO_FIG2_BASE_CONV.get(c.d_model, float('nan')):.2f}",
+                     f"{r['train_time_s'] / 3600:.1f}"])
+    return markdown(["run", "d", "lr", "sublayers", "batch", "weight decay", "reshuffled",
+                     "epochs", "test accuracy after epoch " + ", ".join(map(str, EPOCHS_SHOWN)),
+                     f"valid acc after epoch {PLOTTED_EPOCHS}", "Figure 2 (repository)",
+                     "training h"], rows)
+
+
+def plot_plotted(name="fig2_plotted"):
+    """results/<name>.png: test accuracy after every epoch against training examples seen,
+    one line per run (plotted_runs), a panel per width, the repository figure's value for
+    BaseConv at that width dotted. Returns the path."""
+    plt = pyplot()
+    records = plotted_runs(name)
+    widths = sorted({r["config"]["d_model"] for r in records})
+    labels = sorted({r["config"]["label"] for r in records}, key=lambda l: (l != "HEAD", l))
+    fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 4), squeeze=False)
+    for ax, d in zip(axes[0], widths):
+        for r in sorted(records, key=lambda r: (labels.index(r["config"]["label"]),
+                                                r["config"]["lr"])):
+            c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+            if c.d_model != d:
+                continue
+            i = labels.index(c.label)
+            ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()),
+                    color=f"C{i}", ls=("-", "--")[c.lr < 1e-2], marker=MARKERS[i], ms=2.5,
+                    label=f"{c.label}, lr {c.lr:g}")
+        paper = REPO_FIG2_BASE_CONV.get(d)
+        if paper is not None:
+            ax.axhline(paper, color="k", ls=":", lw=1.2)
+            ax.annotate(f"Figure 2 (repository): {paper:.2f}", (0.1, paper), fontsize=7,
+                        va="bottom")
+        ax.set(xlabel="training examples seen (millions; 0.1M per epoch)",
+               ylabel="test accuracy", ylim=(0, 1.02), xlim=(0, 6.4 * 1.01),
+               title=f"BaseConv, N = 64, D = 4, d = {d}")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(wrapped("Figure 2's BaseConv as plotted (8486daf: 8 sublayers, batch 1024, "
+                         "weight decay 0.01, reshuffled) and HEAD's recipe, one setting "
+                         "swapped at a time; seed 0, c = 8192", 5 * len(widths)), fontsize=9)
+    return save_figure(fig, f"results/{name}.png")
+
+
 # ----------------------------------------------------------------------------------------
 # learning-rate robustness: every (lr, seed) run of a model, not the best lr's mean
 
@@ -2400,7 +2529,7 @@ def plot_lr(name="fig2_lr"):
 
 
 FOLDER_TABLES = {"fig2_pilot": pilot_table, "fig2_epochs": epochs_table,    # --table=NAME
-                "fig2_lr": lr_table}
+                "fig2_lr": lr_table, "fig2_plotted": plotted_table}
 
 
 # ----------------------------------------------------------------------------------------
@@ -2807,7 +2936,8 @@ def table_command(flags, rest):
 def plot_command(flags, rest):
     """--plot=NAME: print a sweep's table and draw its figures (plot_sweep), or a folder's
     (fig2_epochs, fig2_lr)."""
-    name, plots = flags["--plot"], {"fig2_epochs": plot_epochs, "fig2_lr": plot_lr}
+    name, plots = flags["--plot"], {"fig2_epochs": plot_epochs, "fig2_lr": plot_lr,
+                                    "fig2_plotted": plot_plotted}
     if name in plots:                                # its table is in FOLDER_TABLES
         print(f"{FOLDER_TABLES[name](name)}\nwrote {plots[name](name)}")
         return
@@ -2828,14 +2958,16 @@ def submit_command(flags, rest):
 
 def sweep_command(flags, rest):
     """--sweep=NAME [--scale=...] [--dry_run] [--workers=K], or no arguments: the main job
-    (the sweep "main", every run trained again)."""
+    (the sweep "main", every run trained again, into results/runs/main/, which git ignores:
+    the committed results/main/ is the README's, `--sweep=main` its command)."""
     name, scale = flags.get("--sweep", "main"), flags.get("--scale", "cpu")
+    folder = None if "--sweep" in flags else "results/runs/main"
     records = run_sweep(name, scale, dry_run="--dry_run" in flags, resume="--sweep" in flags,
-                        workers=_positive_flag(flags, "workers", 1))
+                        workers=_positive_flag(flags, "workers", 1), folder=folder)
     if records:
         print(cells_table(name) if name in PLOT_AXES else runs_table(records, name))
     if records and name == "main":
-        print(f"wrote {plot_curves(records, 'results/main.png')}")
+        print(f"wrote {plot_curves(records, (folder or 'results/main') + '.png')}")
 
 
 def hf_command(flags, rest):
