@@ -2800,6 +2800,17 @@ def test_help_names_every_sweep(capsys):
     assert set(train.SWEEPS) <= named, sorted(set(train.SWEEPS) - named)
 
 
+def test_every_committed_record_is_named_by_its_run_today():
+    """Every folder of records under results/ loads (load_records checks each file name
+    against run_name of its config): a change of run_name that renames a committed record,
+    as a cut of long stacks' names at 120 characters did to the LM experiment's 4-layer
+    records, fails here."""
+    folders = {p.parent for p in (REPO / "results").glob("*/*.json")} - {REPO / "results/runs"}
+    assert len(folders) >= 15
+    for folder in sorted(folders):
+        assert train.load_records(folder), folder
+
+
 # sweeps still training (across sessions, from their checkpoints): their records so far
 PENDING_SWEEPS = {"fig2_plotted"}
 

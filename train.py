@@ -707,8 +707,8 @@ def run_name(config):
     c = config
     digest = hashlib.sha1(identity(c).encode()).hexdigest()
     mixer = c.mixer.replace(",", "+").replace(":", "-").replace("=", "")
-    if len(mixer) > 120:       # a long stack: a repeated layer once with its count, and cut
-        runs = itertools.groupby(mixer.split("+"))      # (a file name has at most 255 bytes)
+    if len(mixer) > 140:   # a long stack (a file name has at most 255 bytes): a repeated
+        runs = itertools.groupby(mixer.split("+"))      # layer once with its count, and cut
         mixer = "+".join(f"{n}x{k}" if n > 1 else k
                          for k, n in ((k, len(list(g))) for k, g in runs))[:120]
     task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
