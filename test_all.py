@@ -2697,6 +2697,19 @@ def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
     assert len(records) == 12 and lab.FIG2_EPOCHS_LRS == lab.pilot_choice(records)
 
 
+def test_fig2_plotted_runs_64_epochs_at_the_rate_its_16_epoch_runs_chose_on_validation():
+    """FIG2_PLOTTED_LR is plotted_choice of the committed 16-epoch runs as plotted (both of
+    their rates there), and the sweep's 64-epoch runs take it at d = 64 and 128."""
+    records = lab.load_records(REPO / "results" / "fig2_plotted")
+    short = [r for r in records if r["config"]["preset"] == "figure2_plotted"
+             and r["ended"] == "budget_steps"]
+    assert sorted(r["config"]["lr"] for r in short) == [2.15e-3, 1e-2]
+    assert lab.plotted_choice(records) == {64: lab.FIG2_PLOTTED_LR}
+    full = [o for _, o in lab.sweep_runs("fig2_plotted", "cpu") if "budget_steps" not in o]
+    assert [(o["d_model"], o["lr"]) for o in full] == [(64, lab.FIG2_PLOTTED_LR),
+                                                       (128, lab.FIG2_PLOTTED_LR)]
+
+
 def test_a_selective_attention_run_records_the_rows_it_attends_at(tmp_path):
     """selected_rows counts what each selection keeps on the test split: the random
     control exactly top_k rows, programmatic N - 2D - 1 with every query among them."""
