@@ -4225,6 +4225,14 @@ def readme_blocks(lang):
     return re.findall(rf"```{lang}\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
 
 
+# the product's README, then the lab's: every results table of either is a command's output
+READMES = ("README.md", "experiments/README.md")
+
+
+def readmes_text():
+    return "\n".join((REPO / name).read_text() for name in READMES)
+
+
 README_TABLE = re.compile(r"^<!-- python -m experiments --table=(\S+) -->\n((?:\|.*\n?)+)", re.M)
 
 
@@ -4238,7 +4246,7 @@ def printed_table(name):
 # the README's tables that are not a command's output, by their first column: what files
 # hold, what the official code does, the mixers, the sweeps, the bench, the claims (the
 # claims' numbers are checked against their sweeps' tables below)
-README_TEXT_TABLES = ("file", "what", "`--mixer`", "`--sweep`", "mixer", "claim",
+README_TEXT_TABLES = ("file", "what", "`--mixer`", "`--sweep`", "mixer", "claim", "paper claim",
                       "paper claim (Section 4, Claim 1)", "paper claim (appendix F.1, Figure 6)")
 
 
@@ -4247,7 +4255,7 @@ def test_readme_results_tables_are_what_the_records_print():
     (any other table is one of README_TEXT_TABLES) and is, character for character, what that
     command prints from the committed records: a number changed by hand, or a record that no
     longer gives it, fails here."""
-    text = (REPO / "README.md").read_text()
+    text = readmes_text()
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("|") and not lines[i - 1].startswith("|"):
@@ -4267,14 +4275,14 @@ def test_readme_claim_tables_quote_their_sweeps_tables():
     else the row above's; the mixers' claim table, which has no command column, quotes the
     frontier sweep it follows): a quote left stale by new records, or mistyped, fails here.
     The README quotes no derived number (a difference of two means gives the two means)."""
-    text = (REPO / "README.md").read_text()
+    text = readmes_text()
     fraction = re.compile(r"(?<![\d.])\d?\.\d{3,4}(?!\d)")
     printed = {}
     for name, _ in README_TABLE.findall(text):
         numbers = {round(float(x), 3) for x in fraction.findall(printed_table(name))}
         printed.setdefault(name.split(":")[0], set()).update(numbers)
     claims = re.findall(r"^(\| (?:paper )?claim .*)\n\|[-|]+\|\n((?:\|.*\n)+)", text, re.M)
-    assert len(claims) == 3
+    assert len(claims) == 4                  # the README's, and three of the lab's
     quoted = 0
     for header, rows in claims:
         sweep = None if "command" in header else "frontier"
