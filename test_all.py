@@ -2622,9 +2622,9 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
 
 def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monkeypatch):
     """fig2_plotted: the plotted run with the better validation accuracy after 16 epochs is
-    marked, though its test accuracy is worse (of two within PILOT_TIE, the lesser loss); HEAD's BaseConv rows come from fig2_epochs
-    (not its attention run); the repository figure's value stands beside each width; the
-    figure is drawn."""
+    marked, though its test accuracy is worse (of two within PILOT_TIE, the lesser loss);
+    HEAD's BaseConv rows come from fig2_epochs (not its attention run); the repository
+    figure's value stands beside each width; the figure is drawn."""
     monkeypatch.chdir(tmp_path)
     def record(folder, preset, lr, valid, test, epochs, ended="budget_steps", mixer="base_conv",
                label="as plotted (8486daf)", loss=1.0):
@@ -4251,7 +4251,7 @@ README_TEXT_TABLES = ("file", "what", "`--mixer`", "`--sweep`", "mixer", "claim"
 
 
 def test_readme_results_tables_are_what_the_records_print():
-    """Every results table of the README follows a line `<!-- python -m experiments --table=NAME -->`
+    """Every results table of the READMEs follows `<!-- python -m experiments --table=NAME -->`
     (any other table is one of README_TEXT_TABLES) and is, character for character, what that
     command prints from the committed records: a number changed by hand, or a record that no
     longer gives it, fails here."""

@@ -228,7 +228,8 @@ def plotted_values(config):
 
 # each sublayer's mixer: the doubled BaseConv's sublayer i is official block i // 2's mixer
 # (H3's doubled layers are all alike)
-PLOTTED_MIXERS = {**FIGURE2_MIXERS, "base_conv": lambda i, N: FIGURE2_MIXERS["base_conv"](i // 2, N)}
+PLOTTED_MIXERS = {**FIGURE2_MIXERS,
+                  "base_conv": lambda i, N: FIGURE2_MIXERS["base_conv"](i // 2, N)}
 
 # name -> (the preset's values for a config, the per-layer forms of the mixers it names)
 PRESETS = {**TRAIN_PRESETS, "figure2": (figure2_values, FIGURE2_MIXERS),
@@ -517,7 +518,7 @@ def run_in_processes(runs, workers, desc, total=None):
     its log, the others go on, and SweepFailed is raised at the end."""
     total = total or len(runs)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // workers)),
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     pending, running, failed, asked = list(runs), {}, [], []
     bar = tqdm(total=total, initial=total - len(runs), desc=desc, unit="run")
     # the signals are noted here and handled in the loop (so that none falls between
