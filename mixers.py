@@ -425,8 +425,8 @@ def causal_conv_direct(u, h):
 
     u: (B, T, d), h: (d, K) with any K (taps past T never reach an output).
     Costs O(B·T·d·K) time and O(B·T·d) memory: it never materializes a (T, T) matrix.
-    The reference form for every K, and the fast form for K <= SHORT_FILTER (the README's
-    benchmark section says why).
+    The reference form for every K, and the fast form for K <= SHORT_FILTER (the benchmark
+    section of experiments/README.md says why).
     """
     B, T, d = u.shape
     # row s of `taps` is every channel's lag-s weight; a contiguous row rather than the
@@ -1671,7 +1671,7 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
        reading y_t = C_t h_t on the way.
     Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
     Cost: 2·B·T·d_inner·d_state exponentials and multiply-adds, twice the sequential scan's;
-    the gain is the T Python steps (the README's benchmark section: what else was tried).
+    the gain is the T Python steps (experiments/README.md, "Benchmarks": what else was tried).
     Materializes no (B, T, d_inner, d_state) tensor. The padding has Δ = 0 (decay 1, input 0),
     so the carry after the last chunk is the final state.
     """
@@ -2089,7 +2089,7 @@ class InputDependentConv(Mixer):
     section's comment). num_lags: how many lags the autocorrelation rule keeps (Thm 4.5's t
     distinct interaction distances; "programmatic" does not use it). The paper gives no
     trainable form of this layer and the official code has none, so Figure 2's lower rows
-    are rebuilt here (README, "Figure 2 at cpu scale"). forward(x, tokens) and
+    are rebuilt here (experiments/README.md, "Figure 2 at cpu scale"). forward(x, tokens) and
     step(x_t, state, token) take the token ids, as selective attention does.
     State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
     and for "autocorrelation" the counts r(s) of the lags 1..n-1.

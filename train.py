@@ -7,9 +7,9 @@ vocabulary-sized logits are computed only there. The defaults are the CPU recipe
 blocks x = x + mixer(LN(x)), each mixer in its paper form, AdamW (0.9, 0.999) with weight
 decay 0.1 on matrices, cosine decay to 0, early stop once validation accuracy exceeds 0.99
 (every decision reads the validation split, never the test split: see evaluation); the
-recipe was chosen by measurement (README, "The main job's recipe"). The official Figure 2
-configurations are presets of the lab (experiments/: python -m experiments --preset=figure2
-...), which runs the paper's experiments on this file.
+recipe was chosen by measurement (experiments/README.md, "The main job's recipe"). The
+official Figure 2 configurations are presets of the lab (experiments/: python -m experiments
+--preset=figure2 ...), which runs the paper's experiments on this file.
 
 Usage:
   python train.py                     the main job: attention and BaseConv on MQAR (N=64,
@@ -91,7 +91,8 @@ class Config:
     num_valid: int = 1000             # the validation split (apart from the test set): every
                                       # decision reads it, early stopping and the choice of a
                                       # learning rate (cells); 0: none, so no early stop
-    # optimisation: the CPU recipe, chosen by measurement (README, "The main job's recipe")
+    # optimisation: the CPU recipe, chosen by measurement (experiments/README.md, "The main
+    # job's recipe")
     batch_size: int = 128
     lr: float = 3e-3
     beta2: float = 0.999              # AdamW's betas are (0.9, beta2)
@@ -597,7 +598,7 @@ def evaluation(model, valid, test, config, final=False):
     split is scored alike, its first eval_probe examples ("test_probe") beside a validation
     probe and the whole split ("test_acc") beside a whole validation score and on the final
     step, for the record and the curves: no decision reads it. (The official harness stops
-    on the test accuracy; the README says why we do not.)
+    on the test accuracy; the README, "Which split decides", says why we do not.)
     Without a validation split (num_valid = 0) nothing can decide, so a run trains to the end.
     """
     c, scores = config, {}

@@ -251,7 +251,7 @@ def make_config(preset="cpu", **overrides):
 # setting, "nd" the (N, D) pairs, and the values of every other key it sets; its runs are
 # the product of them all. "paper" is the paper's grid (on the official recipe,
 # --preset=figure2, where the paper used it); "cpu" a reduced one for two CPU cores, every
-# reduction said in the README ("The paper's experiments").
+# reduction said in experiments/README.md ("The paper's experiments").
 PAPER_LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)          # logspace(-4, -2, 4), 3 digits
 # Figure 2's grid and its four learning rates, for --scale=paper (on the official recipe)
 PAPER_GRID = dict(preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
@@ -259,8 +259,8 @@ PAPER_GRID = dict(preset=["figure2"], lr=PAPER_LRS, seed=[0, 1, 2],
                   num_valid=[3000])
 FIG2_MODELS = {name: name for name in FIGURE2_MIXERS}
 BASE_CONV = "base_conv:kernel_size=3,base_conv"          # the paper form of Figure 2's stack
-# c = 512 and 1M fresh examples (8000 steps of 128, none seen twice): README, "The paper's
-# experiments", says why
+# c = 512 and 1M fresh examples (8000 steps of 128, none seen twice): experiments/README.md,
+# "The paper's experiments", says why
 LR_GRID = [3e-4, 1e-3, 3e-3, 1e-2]                  # fig2_lr: the cpu fig2 lr and 3x around it
 CPU_FIG2 = dict(vocab_size=[512], lr=[3e-3], seed=[0, 1, 2], num_train=[1_024_000],
                 max_steps=[8000], eval_every=[500], num_valid=[1000])
@@ -346,7 +346,7 @@ FRONTIER_MODELS = {name: f"base_conv:kernel_size=3,{name}"
 # "fig2_pilot" runs the first PILOT_EPOCHS epochs of each at every lr of Figure 2's four
 # (the same schedule, cut short by budget_steps); "fig2_epochs" runs each to the end at the
 # lr whose pilot scored best on the validation split (FIG2_EPOCHS_LRS, pinned to the
-# pilot's records by a test). README, "Figure 2 at the paper's budget".
+# pilot's records by a test). experiments/README.md, "At the paper's budget".
 PILOT_EPOCHS = 3
 FIG2_EPOCHS_GRIDS = [dict(models={"base_conv": "base_conv"}, d_model=[64, 128]),
                      dict(models={"attention": "attention"}, d_model=[64])]
@@ -359,7 +359,7 @@ FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3, ("atten
 # 8486daf's, and the plotted run at 2.15e-3 too. HEAD itself is fig2_epochs' d = 64 run (its
 # first 16 epochs). Then the plotted run for all 64 epochs at d = 64 and 128, at the rate the
 # 16-epoch runs pick on validation (plotted_choice at d = 64, pinned by a test to the
-# committed records). README, "Figure 2 as it was run".
+# committed records). experiments/README.md, "As the figure was run".
 PLOTTED_EPOCHS = 16
 FIG2_PLOTTED_LR = 1e-2
 PLOTTED_BASE_CONV = dict(block="pre_norm", n_layers=8, mixer=mixer_setting(
@@ -398,8 +398,9 @@ SWEEPS = {
         "paper": dict(models=WINDOW_MODELS, preset=["figure2"], seq_len=[256], power_a=[0.1],
                       num_kv_pairs=[8, 16, 32, 64], d_model=[64, 128, 256], lr=PAPER_LRS,
                       seed=[0, 1, 2], num_valid=[3000]),
-        # D <= 4: attention itself stays on its 1/D plateau at D = 8 on this budget (README,
-        # "Figure 6 at cpu scale"). At N = 64 two layers of window 33 reach every key; at
+        # D <= 4: attention itself stays on its 1/D plateau at D = 8 on this budget
+        # (experiments/README.md, "Figure 6 at cpu scale"). At N = 64 two layers of window 33
+        # reach every key; at
         # N = 128 neither window does (reach_bound), so there the claim can fail
         "cpu": [dict(models=WINDOW_MODELS, seq_len=[N], power_a=[0.1], num_kv_pairs=[1, 2, 4],
                      d_model=[64], vocab_size=[512], lr=[3e-3], seed=[0, 1, 2],
@@ -1450,8 +1451,8 @@ LM_LABELS = {"attention": "attention", "attention_short_conv": "attention + shor
 # one recipe for every model, so that only the mixer differs: the same width and depth and
 # the Llama block around each mixer (RMSNorm, a SwiGLU MLP; the paper's attention baseline
 # follows the Llama recipe, Section 3.1), no learned positions (attention turns q and k by
-# rotary positions), a budget of minutes per model on two cores (README, "The recall gap
-# on real text"). The learning rate is each model's own: LM_LRS, chosen on validation.
+# rotary positions), a budget of minutes per model on two cores (experiments/README.md, "The
+# recall gap on real text"). The learning rate is each model's own: LM_LRS, chosen on validation.
 LM_RECIPE = dict(task="lm", vocab_size=4096, seq_len=128, d_model=64, n_layers=4, mlp=True,
                  block="rms_pre_norm", position_embedding="none", batch_size=32,
                  num_train=25_600, num_test=500, num_valid=500, max_steps=800, eval_every=200,
