@@ -194,9 +194,9 @@ PLOTTED_BATCH = {"attention": (256, 256, 256, 128), "h3": (1024, 1024, 256, 128)
 
 
 def plotted_batch_size(mixer, seq_len):
-    """The batch size of mixer's launch at N = 64, 128, 256, 512 (see above)."""
+    """The batch size of mixer's launch up to N = 64, 128, 256, and beyond (see above)."""
     sizes = PLOTTED_BATCH.get(mixer, (1024, 1024, 1024, 128))
-    return sizes[min(3, max(0, seq_len.bit_length() - 7))]
+    return sizes[sum(seq_len > N for N in (64, 128, 256))]
 
 
 def plotted_recipe(mixer, seq_len):
@@ -1342,8 +1342,8 @@ def plot_plotted(name="fig2_plotted"):
                 continue
             i = labels.index(c.label)
             ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()),
-                    color=f"C{i}", ls=("-", "--")[c.lr < 1e-2], marker=MARKERS[i], ms=2.5,
-                    label=f"{c.label}, lr {c.lr:g}")
+                    color=f"C{i}", ls=("-", "--")[c.lr < 1e-2], ms=2.5,
+                    marker=MARKERS[i % len(MARKERS)], label=f"{c.label}, lr {c.lr:g}")
         paper = REPO_FIG2_BASE_CONV.get(d)
         if paper is not None:
             ax.axhline(paper, color="k", ls=":", lw=1.2)
