@@ -2309,13 +2309,12 @@ def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, ca
 # A run that dies after the checkpoint of step `kill_at`: SIGKILL (nothing more is written)
 # or SIGINT (Ctrl-C: the step in flight ends, then a checkpoint and an "interrupted" record)
 KILL_SCRIPT = """import os, signal, sys, train
-def save_then_die(path, config, model, optimizer, order_state, run, device,
-                  save=train.save_checkpoint):
-    save(path, config, model, optimizer, order_state, run, device)
+def save_then_die(checkpoints, run, save=train.Checkpoints.save):
+    save(checkpoints, run)
     if run["step"] == int(sys.argv[2]):
         os.kill(os.getpid(), getattr(signal, sys.argv[1]))
 if sys.argv[1] != "none":
-    train.save_checkpoint = save_then_die
+    train.Checkpoints.save = save_then_die
 sys.exit(train.main(sys.argv[3:]))
 """
 # dropout, shuffled epochs of 13 steps (the last batch partial): every random draw matters
