@@ -2381,7 +2381,8 @@ def test_a_killed_run_resumes_exactly(tmp_path):
     # seconds add up over all three segments: the second checkpoint counts the first
     # segment's 24 steps besides its own 6, and the record both checkpoints' seconds
     folder = tmp_path / "twice"
-    seconds = lambda: torch.load(next(folder.glob("*.ckpt")), weights_only=True)["run"]["train_time"]
+    def seconds():                                        # the checkpoint's training seconds
+        return torch.load(next(folder.glob("*.ckpt")), weights_only=True)["run"]["train_time"]
     run("SIGKILL", 24, folder, "--checkpoint_every=1e-9")
     first = seconds()
     assert run("SIGKILL", 30, folder, "--checkpoint_every=1e-9").returncode == -9
