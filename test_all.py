@@ -1787,6 +1787,23 @@ def test_dplr_forms_are_flash_linear_attentions_naive_recurrence(impl):
     assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
 
 
+def test_rwkv7_and_mamba2_fixed_values_written_out():
+    """Values fixed at construction that step == forward cannot see (both forms share them).
+    RWKV-7 (fla's RWKV7Attention, layer 0; BlinkDL's x070 the same): the token-shift mixes
+    1 - (n/d)^p, p = 0.2 for r and g, 0.9 for w and a, 0.7 for k and v; here d = 4.
+    Mamba-2 (Mamba2Simple): headdim 64, or d_inner = 2d where that is smaller, so one head
+    below d = 32 and 2d/64 heads from there."""
+    rwkv = mixers.RWKV7(4, 8)
+    p02 = [1.0, 0.242141716745, 0.129449436704, 0.055912488705]
+    p09 = [1.0, 0.712825411251, 0.464113268732, 0.228110493276]
+    p07 = [1.0, 0.621070858372, 0.384427793328, 0.182396231823]
+    want = torch.tensor([p02, p09, p07, p07, p09, p02])             # r, w, k, v, a, g
+    assert torch.allclose(rwkv.mix.detach(), want, atol=1e-9)
+    for d, heads in ((8, 1), (16, 1), (32, 1), (64, 2), (128, 4)):
+        m = mixers.Mamba2(d, 8)
+        assert (m.headdim, m.dt_bias.numel()) == (min(64, 2 * d), heads), d
+
+
 def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
     """Token shift and six mixes; r, k, v; log w = -e^{-1/2} σ(LoRA_w); a = σ(LoRA_a);
     κ̂ = L2norm(k ⊙ k_k); k̃ = k ⊙ (1 + (a - 1) k_a); the recurrence (the transcription,
