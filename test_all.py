@@ -1787,6 +1787,23 @@ def test_dplr_forms_are_flash_linear_attentions_naive_recurrence(impl):
     assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
 
 
+def test_rwkv7_and_mamba2_fixed_values_written_out():
+    """Values fixed at construction that step == forward cannot see (both forms share them).
+    RWKV-7 (fla's RWKV7Attention, layer 0; BlinkDL's x070 the same): the token-shift mixes
+    1 - (n/d)^p, p = 0.2 for r and g, 0.9 for w and a, 0.7 for k and v; here d = 4.
+    Mamba-2 (Mamba2Simple): headdim 64, or d_inner = 2d where that is smaller, so one head
+    below d = 32 and 2d/64 heads from there."""
+    rwkv = mixers.RWKV7(4, 8)
+    p02 = [1.0, 0.242141716745, 0.129449436704, 0.055912488705]
+    p09 = [1.0, 0.712825411251, 0.464113268732, 0.228110493276]
+    p07 = [1.0, 0.621070858372, 0.384427793328, 0.182396231823]
+    want = torch.tensor([p02, p09, p07, p07, p09, p02])             # r, w, k, v, a, g
+    assert torch.allclose(rwkv.mix.detach(), want, atol=1e-9)
+    for d, heads in ((8, 1), (16, 1), (32, 1), (64, 2), (128, 4)):
+        m = mixers.Mamba2(d, 8)
+        assert (m.headdim, m.dt_bias.numel()) == (min(64, 2 * d), heads), d
+
+
 def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
     """Token shift and six mixes; r, k, v; log w = -e^{-1/2} σ(LoRA_w); a = σ(LoRA_a);
     κ̂ = L2norm(k ⊙ k_k); k̃ = k ⊙ (1 + (a - 1) k_a); the recurrence (the transcription,
@@ -2309,13 +2326,12 @@ def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, ca
 # A run that dies after the checkpoint of step `kill_at`: SIGKILL (nothing more is written)
 # or SIGINT (Ctrl-C: the step in flight ends, then a checkpoint and an "interrupted" record)
 KILL_SCRIPT = """import os, signal, sys, train
-def save_then_die(path, config, model, optimizer, order_state, run, device,
-                  save=train.save_checkpoint):
-    save(path, config, model, optimizer, order_state, run, device)
+def save_then_die(checkpoints, run, save=train.Checkpoints.save):
+    save(checkpoints, run)
     if run["step"] == int(sys.argv[2]):
         os.kill(os.getpid(), getattr(signal, sys.argv[1]))
 if sys.argv[1] != "none":
-    train.save_checkpoint = save_then_die
+    train.Checkpoints.save = save_then_die
 sys.exit(train.main(sys.argv[3:]))
 """
 # dropout, shuffled epochs of 13 steps (the last batch partial): every random draw matters
@@ -2377,13 +2393,21 @@ def test_a_killed_run_resumes_exactly(tmp_path):
         b = same_as_straight(folder)
         assert [r["step"] for r in b["resumed"]] == [stopped_at]
         assert b["train_time_s"] > state["run"]["train_time"]
-    # killed twice: after 20, and after 30 in the run that continued; its checkpoint then
-    # holds the first resume's provenance, and the third run reads it
+    # killed twice: after 24, and after 30 in the run that continued; its checkpoint then
+    # holds the first resume's provenance, and the third run reads it. The training
+    # seconds add up over all three segments: the second checkpoint counts the first
+    # segment's 24 steps besides its own 6, and the record both checkpoints' seconds
     folder = tmp_path / "twice"
-    run("SIGKILL", 20, folder, "--checkpoint_every=1e-9")
+    def seconds():                                        # the checkpoint's training seconds
+        return torch.load(next(folder.glob("*.ckpt")), weights_only=True)["run"]["train_time"]
+    run("SIGKILL", 24, folder, "--checkpoint_every=1e-9")
+    first = seconds()
     assert run("SIGKILL", 30, folder, "--checkpoint_every=1e-9").returncode == -9
+    second = seconds()
     assert run("none", 0, folder).returncode == 0
-    assert [r["step"] for r in same_as_straight(folder)["resumed"]] == [20, 30]
+    b = same_as_straight(folder)
+    assert [r["step"] for r in b["resumed"]] == [24, 30]
+    assert first < second < b["history"][-1]["seconds"] <= b["train_time_s"]
     # Ctrl-C during the last step: the run is finished and recorded, and still stops its
     # caller (exit 130)
     last = run("SIGINT", 39, tmp_path / "last", "--checkpoint_every=1e-9")
@@ -3591,6 +3615,75 @@ def test_cosine_epochs_is_torch_cosine_annealing_stepped_per_epoch():
         sched.step()
     with pytest.raises(ValueError, match="warmup_steps=5 is not allowed"):
         train.check_config(dataclasses.replace(c, warmup_steps=5))
+
+
+# Every Config field, placed: a value other than its default (on TINY's base, which sets
+# some of them), and whether that value changes what a tiny run computes on this machine.
+# Fields outside NOT_IDENTITY must rename a run; those in NOT_IDENTITY must change nothing
+# a run computes. A new field fails test_every_setting_is_placed until it is placed here.
+TINY = dict(seq_len=16, num_kv_pairs=2, vocab_size=64, d_model=16, num_train=64, num_test=32,
+            num_valid=32, batch_size=16, max_steps=6, eval_every=2, progress=False)
+OTHER_VALUE = {   # field: (another value, it changes the tiny run here)
+    "mixer": ("base_conv", True), "d_model": (8, True), "n_layers": (1, True),
+    "block": ("rms_pre_norm", True), "mlp": (True, True),
+    "mlp_activation": ("tanh", True),          # (with mlp=True: check_config asks for it)
+    "position_embedding": ("none", True), "dropout": (0.5, True), "init": ("gpt2", True),
+    "task": ("lm", False), "corpus": ("a.txt", False),      # the LM experiment's data
+    "vocab_size": (32, True), "seq_len": (12, True), "num_kv_pairs": (1, True),
+    "power_a": (0.5, True), "num_train": (48, True), "num_test": (16, True),
+    "num_valid": (16, True), "batch_size": (8, True), "lr": (1e-1, True), "beta2": (0.5, True),
+    "weight_decay": (0.9, True), "decay_all": (True, True), "grad_clip": (1e-3, True),
+    "warmup_steps": (3, True), "max_steps": (4, True), "schedule": ("cosine_epochs", True),
+    "budget_steps": (2, True), "shuffle": (False, True), "eval_every": (3, True),
+    "eval_probe": (8, True), "target_acc": (0.01, True),
+    "preset": ("figure2", False),      # names where the values came from: make_config
+    "seed": (1, True), "device": ("cpu", False),       # "auto" is the CPU on this machine
+    "amp": (True, True), "compile": ("eager", False),  # the same arithmetic, traced
+    "out_dir": ("elsewhere", False), "save_model": (True, False),
+    "checkpoint_every": (1e-9, False), "progress": (True, False), "label": ("x", False),
+}
+
+
+def test_every_setting_is_placed():
+    fields = [f.name for f in dataclasses.fields(train.Config)]
+    assert sorted(OTHER_VALUE) == sorted(fields)
+    assert set(train.NOT_IDENTITY) <= set(fields)
+
+
+@pytest.mark.parametrize("key", list(OTHER_VALUE))
+def test_a_setting_renames_a_run_iff_it_changes_what_the_run_computes(key, tmp_path):
+    """A setting outside NOT_IDENTITY renames the run (so a setting that changes the
+    arithmetic, amp for one, cannot be moved out of the identity unseen: it changes the
+    tiny run below); one in NOT_IDENTITY changes nothing the run computes: its history
+    (seconds aside), steps, end and scores are those of the run without it."""
+    value, computes = OTHER_VALUE[key]
+    base = dict(TINY, out_dir=str(tmp_path / "a"), **({"mlp": True} if key == "mlp_activation"
+                                                      else {}))
+    if key == "out_dir":
+        value = str(tmp_path / "b")
+    a, b = train.Config(**base), train.Config(**{**base, key: value})
+    assert (train.identity(a) == train.identity(b)) == (key in train.NOT_IDENTITY)
+    if not computes and key not in train.NOT_IDENTITY:
+        return                        # renamed, and nothing to run here shows a difference
+    if key != "out_dir":
+        b.out_dir = str(tmp_path / "b")
+    computed = lambda r: ({k: r[k] for k in ("steps", "ended", "test_acc", "valid_acc")},
+                          [{k: v for k, v in e.items() if k != "seconds"} for e in r["history"]])
+    changed = computed(train.train(a)) != computed(train.train(b))
+    assert changed == computes and not (changed and key in train.NOT_IDENTITY)
+
+
+def test_the_learning_rate_at_every_step_of_short_schedules_written_out():
+    """cosine: linear warmup over 2 steps, then (1 + cos(π (s - 2) / 4)) / 2 to step 6;
+    cosine_epochs with epochs of 3 steps (4, 4 and 2 examples) and max_steps = 7 ending
+    mid-epoch: E = ⌈7 / 3⌉ = 3 epochs, lr (1 + cos(π e / 3)) / 2 in epoch e, the partial
+    last epoch included."""
+    c = train.Config(lr=1.0, warmup_steps=2, max_steps=6)
+    want = [0.5, 1.0, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]
+    assert [train.lr_at(s, c) for s in range(7)] == pytest.approx(want, abs=1e-12)
+    c = train.Config(lr=1.0, num_train=10, batch_size=4, max_steps=7, schedule="cosine_epochs")
+    want = [1.0, 1.0, 1.0, 0.75, 0.75, 0.75, 0.25]
+    assert [train.lr_at(s, c) for s in range(7)] == pytest.approx(want, abs=1e-12)
 
 
 def test_optimizer_decays_what_the_recipe_says():

@@ -732,18 +732,10 @@ def train(config):
     """Train one model; return its record (also written to out_dir as JSON).
 
     Every random draw of a run (the init, dropout, the batch order) comes from generators
-    seeded by `seed` (seeded_rng), never from the caller's: a run is the same run alone, in a
-    sweep, or resumed.
-
-    A run survives a kill: every `checkpoint_every` seconds and at the end of every epoch it
-    writes a checkpoint beside its record (record_path with the suffix .ckpt: weights,
-    optimizer, RNG states, step, history), atomically. Started again with the same settings,
-    it continues from there exactly: the same batches, dropout masks and weights as a run
-    never stopped, on the same device type and thread count. The checkpoint goes once the
-    record is written. Ctrl-C (SIGINT) ends the step in flight, writes a checkpoint and a
-    record that says "interrupted"; a second Ctrl-C abandons the step in flight (the last
-    checkpoint stands). A Ctrl-C during the last step finishes the run and still raises
-    KeyboardInterrupt, so that the caller stops.
+    seeded by `seed` (seeded_rng, BatchOrder), never from the caller's: a run is the same run
+    alone, in a sweep, or resumed. A run survives a kill or a Ctrl-C: started again with the
+    same settings, it continues exactly where it stopped (Checkpoints). A Ctrl-C during the
+    last step finishes the run and still raises KeyboardInterrupt, so that the caller stops.
 
     What a GPU user expects, each a setting: the data sits on the device and batches are
     cut there; `amp` runs the training forward and loss under bfloat16 autocast (matrix
@@ -758,110 +750,220 @@ def train(config):
     # every split moves to the device once, so that batches are cut there (on a GPU, no
     # host-to-device copy per step)
     (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in make_data(c))
-    path = record_path(c)
     with seeded_rng(c.seed, device), stop_requests() as stop_requested:
         model = LanguageModel(c).to(device)
         optimizer = make_optimizer(model, c)
-        order = torch.Generator().manual_seed(c.seed)  # batch order
-        run = dict(step=0, history=[], train_time=0.0, resumed=[])
-        if path.with_suffix(".ckpt").exists():
-            run = load_checkpoint(path.with_suffix(".ckpt"), c, model, optimizer, order, device)
-            run["resumed"].append({"step": run["step"], **provenance(device)})
+        order = BatchOrder(c, device)
+        checkpoints = Checkpoints(c, model, optimizer, order, device)
+        run = checkpoints.resume()      # step, history, seconds and resumes so far (0 if new)
         forward = torch.compile(model, backend=c.compile) if c.compile else model
-        step, history, ended = run["step"], run["history"], None       # ended: why it stopped
         stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
-        epoch = steps_per_epoch(c)
-        bar = tqdm(total=stop, initial=step, desc=run_name(c), disable=not c.progress,
+        bar = tqdm(total=stop, initial=run["step"], desc=run_name(c), disable=not c.progress,
                    leave=False)
-        train_start = last_save = time.perf_counter()
-        trained = lambda: run["train_time"] + time.perf_counter() - train_start  # all segments
-
-        def save(epoch_order):
-            save_checkpoint(path.with_suffix(".ckpt"), c, model, optimizer, epoch_order,
-                            {**run, "step": step, "train_time": trained()}, device)
-            return time.perf_counter()
-
+        ended = None                                                   # why the run stopped
         try:
-            while ended is None:
-                epoch_order = order.get_state()    # this epoch's permutation is drawn from here
-                perm = (torch.randperm(c.num_train, generator=order) if c.shuffle
-                        else torch.arange(c.num_train))
-                for b in range(step % epoch, epoch):   # a resumed run starts mid-epoch
-                    idx = perm[b * c.batch_size:(b + 1) * c.batch_size].to(device)
-                    inputs, labels = x_train[idx], y_train[idx]
-                    lr = lr_at(step, c)
-                    for group in optimizer.param_groups:
-                        group["lr"] = lr
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=c.amp):
-                        loss, _, _ = labelled_loss(forward, inputs, labels)
-                        loss = loss + model.aux_loss()
-                    if not torch.isfinite(loss):
-                        ended = "diverged"
-                        print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
-                              "stopping: try a lower --lr", file=sys.stderr)
-                        break
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if c.grad_clip > 0:
-                        nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
-                    optimizer.step()
-                    step += 1
-                    bar.update(1)
-                    if step % c.eval_every == 0 or step == stop:
-                        scores = evaluation(model, valid, test, c, final=step == stop)
-                        history.append({"step": step, "loss": loss.item(), **scores,
-                                        "seconds": round(trained(), 2)})
-                        shown = scores.get("valid_acc", scores.get("valid_probe"))
-                        bar.set_postfix(loss=f"{loss.item():.3f}",
-                                        valid="-" if shown is None else f"{shown:.3f}")
-                        if scores.get("valid_acc", 0.0) > c.target_acc:    # never test_acc
-                            ended = "target_reached"
-                    if ended is None and step >= stop:
-                        ended = "max_steps" if stop == c.max_steps else "budget_steps"
-                    if ended is None and stop_requested():
-                        ended = "interrupted"
-                    if ended in (None, "interrupted") and (
-                            step % epoch == 0 or ended or
-                            0 < c.checkpoint_every < time.perf_counter() - last_save):
-                        # at an epoch's end the next epoch's permutation is drawn from here
-                        last_save = save(order.get_state() if step % epoch == 0 else epoch_order)
-                    if ended:
-                        break
+            for step, rows in order.batches(run["step"]):
+                lr = lr_at(step, c)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=c.amp):
+                    loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows])
+                    loss = loss + model.aux_loss()
+                if not torch.isfinite(loss):
+                    ended = "diverged"
+                    print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
+                          "stopping: try a lower --lr", file=sys.stderr)
+                    break
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if c.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+                optimizer.step()
+                # the step is taken: evaluate now and then, decide whether to stop, checkpoint
+                run["step"] = step + 1
+                bar.update(1)
+                if run["step"] % c.eval_every == 0 or run["step"] == stop:
+                    scores = evaluation(model, valid, test, c, final=run["step"] == stop)
+                    run["history"].append({"step": run["step"], "loss": loss.item(), **scores,
+                                           "seconds": round(checkpoints.seconds(run), 2)})
+                    shown = scores.get("valid_acc", scores.get("valid_probe"))
+                    bar.set_postfix(loss=f"{loss.item():.3f}",
+                                    valid="-" if shown is None else f"{shown:.3f}")
+                ended = stopping_reason(run, c, stop, stop_requested())
+                checkpoints.save_if_due(run, ended)
+                if ended:
+                    break
         except KeyboardInterrupt:                  # a second Ctrl-C: the last checkpoint stands
             ended = "interrupted"
         finally:
             bar.close()
-        train_time = trained()
-        # the final model's scores on the whole splits: those of the last evaluation where it
-        # was the final model and scored them (a run that stopped on the target or at the end)
-        last = history[-1] if history and history[-1]["step"] == step else {}
+        run["train_time"] = checkpoints.seconds(run)
+        # the final model's scores on the whole splits: those of the last evaluation if it
+        # scored them after the last step (a run that stopped on the target or at the end)
+        last = run["history"][-1] if run["history"] else {}
         whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
-        final = last if whole <= last.keys() else evaluation(model, valid, test, c, final=True)
+        final = (last if last.get("step") == run["step"] and whole <= last.keys()
+                 else evaluation(model, valid, test, c, final=True))
         selection = selected_rows(model, *test)          # (random rows: the run's generator)
         asked = stop_requested()       # also a Ctrl-C during the last step or evaluation
+    record = make_record(c, model, run, ended, final, selection, device,
+                         wall_time=time.perf_counter() - start)
+    save_run(record, model, c)
+    if ended == "interrupted" or asked:    # asked: finished all the same, but stop the caller
+        raise KeyboardInterrupt
+    return record
+
+
+def stopping_reason(run, config, stop, asked):
+    """Why a run stops after its latest step, or None: its evaluation there put validation
+    accuracy above target_acc ("target_reached"; never the test split), it was the last
+    step ("max_steps", or "budget_steps" when budget_steps cut the schedule), or a Ctrl-C
+    was `asked` ("interrupted")."""
+    last = run["history"][-1] if run["history"] else {}
+    if last.get("step") == run["step"] and last.get("valid_acc", 0.0) > config.target_acc:
+        return "target_reached"
+    if run["step"] >= stop:
+        return "max_steps" if stop == config.max_steps else "budget_steps"
+    return "interrupted" if asked else None
+
+
+def make_record(config, model, run, ended, final, selection, device, wall_time):
+    """A run's record: its settings, final test (and validation) scores, steps, how it
+    ended, times, parameters, provenance and history; with Section 5's selection statistics
+    and where it was resumed, if any."""
     record = {
-        "schema": RECORD_SCHEMA, "config": dataclasses.asdict(c), "test_acc": final["test_acc"],
-        "steps": step, "ended": ended, "train_time_s": round(train_time, 2),
-        "wall_time_s": round(time.perf_counter() - start, 2), "seed": c.seed,
-        "n_params": sum(p.numel() for p in model.parameters()), **provenance(device),
-        "history": history,
+        "schema": RECORD_SCHEMA, "config": dataclasses.asdict(config),
+        "test_acc": final["test_acc"], "steps": run["step"], "ended": ended,
+        "train_time_s": round(run["train_time"], 2), "wall_time_s": round(wall_time, 2),
+        "seed": config.seed, "n_params": sum(p.numel() for p in model.parameters()),
+        **provenance(device), "history": run["history"],
     }
     record.update({k: final[k] for k in ("valid_acc", "valid_loss") if k in final})
     if selection:
         record["selection"] = selection        # one entry per selective-attention layer
     if run["resumed"]:
         record["resumed"] = run["resumed"]     # where it continued, and what ran it there
-    if c.save_model:                       # the weights first: a record means they are there
+    return record
+
+
+def save_run(record, model, config):
+    """Write the weights (if save_model) and then the record, so that a record means they
+    are there; then the checkpoint goes, unless the run was interrupted (the same command
+    continues it)."""
+    path = record_path(config)
+    if config.save_model:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path.with_suffix(".pt.tmp"))
         path.with_suffix(".pt.tmp").replace(path.with_suffix(".pt"))
     save_record(record, path)
-    if ended == "interrupted":
-        raise KeyboardInterrupt
-    path.with_suffix(".ckpt").unlink(missing_ok=True)
-    if asked:                          # finished all the same: stop what called it
-        raise KeyboardInterrupt
-    return record
+    if record["ended"] != "interrupted":
+        path.with_suffix(".ckpt").unlink(missing_ok=True)
+
+
+class BatchOrder:
+    """Which training rows each step takes: epoch after epoch, a permutation of the training
+    set drawn from a generator seeded by the run's seed (shuffle), or the rows in order; an
+    epoch's last batch may be partial. A checkpoint keeps state(step), from where a run
+    continued at `step` draws the same batches."""
+
+    def __init__(self, config, device):
+        self.config, self.device = config, device
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+    def batches(self, step):
+        """(step, the rows of its batch on the device) from `step` on, without end."""
+        c = self.config
+        while True:
+            self.drawn_from = self.generator.get_state()   # this epoch's permutation's origin
+            perm = (torch.randperm(c.num_train, generator=self.generator) if c.shuffle
+                    else torch.arange(c.num_train))
+            for b in range(step % steps_per_epoch(c), steps_per_epoch(c)):  # resumed: mid-epoch
+                yield step, perm[b * c.batch_size:(b + 1) * c.batch_size].to(self.device)
+                step += 1
+
+    def state(self, step):
+        """The generator's state from where the permutation of the epoch that continues
+        after `step` steps is drawn: at an epoch's end the generator as it is now (the next
+        permutation is drawn from there), within an epoch where this epoch's was drawn."""
+        return (self.generator.get_state() if step % steps_per_epoch(self.config) == 0
+                else self.drawn_from)
+
+
+class Checkpoints:
+    """The checkpoint of a run, beside its record (record_path with the suffix .ckpt): its
+    identity, weights, optimizer, RNG states, the batch order, step, history, seconds.
+
+    Written atomically at the end of every epoch and every `checkpoint_every` seconds.
+    Ctrl-C (SIGINT) ends the step in flight, then a checkpoint and a record that says
+    "interrupted" are written; a second Ctrl-C abandons the step in flight (the last
+    checkpoint stands). Started again with the same settings, a run continues from its
+    checkpoint exactly: the same batches, dropout masks and weights as a run never stopped,
+    on the same device type and thread count. A checkpoint of another device type is
+    refused: its random streams are not this device's. The checkpoint goes once the record
+    is written (save_run)."""
+
+    def __init__(self, config, model, optimizer, order, device):
+        self.config, self.model, self.optimizer, self.order, self.device = (
+            config, model, optimizer, order, device)
+        self.path = record_path(config).with_suffix(".ckpt")
+
+    def resume(self):
+        """The run so far: new (step 0), or its checkpoint's run, with the model, optimizer
+        and generators loaded from it and this resume noted."""
+        run = dict(step=0, history=[], train_time=0.0, resumed=[])
+        if self.path.exists():
+            run = self.load()
+            run["resumed"].append({"step": run["step"], **provenance(self.device)})
+        self.segment_start = self.last_save = time.perf_counter()
+        return run
+
+    def seconds(self, run):
+        """The run's training seconds over every segment: the earlier ones and this one."""
+        return run["train_time"] + time.perf_counter() - self.segment_start
+
+    def save_if_due(self, run, ended):
+        """Checkpoint after an epoch's last step, when checkpoint_every seconds have passed
+        since the last one, or when the run was interrupted; never when it has ended
+        otherwise (its record follows)."""
+        c = self.config
+        if ended in (None, "interrupted") and (
+                run["step"] % steps_per_epoch(c) == 0 or ended or
+                0 < c.checkpoint_every < time.perf_counter() - self.last_save):
+            self.save({**run, "train_time": self.seconds(run)})
+            self.last_save = time.perf_counter()
+
+    def save(self, run):
+        rng = {"cpu": torch.get_rng_state()}           # the generators a run draws from
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        elif self.device.type == "mps":
+            rng["mps"] = torch.mps.get_rng_state()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"identity": identity(self.config), "device": self.device.type,
+                    "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "rng": rng, "order": self.order.state(run["step"]), "run": run},
+                   self.path.with_suffix(".ckpt.tmp"))
+        self.path.with_suffix(".ckpt.tmp").replace(self.path)
+
+    def load(self):
+        path, device = self.path, self.device
+        state = torch.load(path, map_location=device, weights_only=True)
+        if state["identity"] != identity(self.config):
+            raise ValueError(f"{path} is the checkpoint of another run ({state['identity']}); "
+                             "move it away to start this run afresh")
+        if state["device"] != device.type:
+            raise ValueError(f"{path} was written on {state['device']} and this run is on "
+                             f"{device.type}: continue it with --device={state['device']}, or "
+                             "move the checkpoint away to start the run afresh")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["cpu"].cpu())
+        if "cuda" in state["rng"]:
+            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), device)
+        if "mps" in state["rng"]:
+            torch.mps.set_rng_state(state["rng"]["mps"].cpu())
+        self.order.generator.set_state(state["order"].cpu())
+        return state["run"]
 
 
 @contextlib.contextmanager
@@ -900,52 +1002,6 @@ def stop_requests():
         yield lambda: bool(asked)
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def rng_states(device):
-    """The states of torch's generators that a run draws from: CPU, and the device's."""
-    states = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device)
-    elif device.type == "mps":
-        states["mps"] = torch.mps.get_rng_state()
-    return states
-
-
-def save_checkpoint(path, config, model, optimizer, order_state, run, device):
-    """Write what a run needs to continue exactly (train), atomically: its identity, weights,
-    optimizer, the RNG states, the batch order's generator where the current epoch's
-    permutation is drawn, and `run` (step, history, training seconds so far, resumes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"identity": identity(config), "device": device.type,
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": rng_states(device), "order": order_state, "run": run},
-               path.with_suffix(".ckpt.tmp"))
-    path.with_suffix(".ckpt.tmp").replace(path)
-
-
-def load_checkpoint(path, config, model, optimizer, order, device):
-    """Load a checkpoint of save_checkpoint into model, optimizer, the generators and
-    `order` (the current epoch's permutation is drawn again from there); return its run.
-    A checkpoint of another device type is refused: its random streams are not this
-    device's, so the run could not continue exactly."""
-    state = torch.load(path, map_location=device, weights_only=True)
-    if state["identity"] != identity(config):
-        raise ValueError(f"{path} is the checkpoint of another run ({state['identity']}); "
-                         "move it away to start this run afresh")
-    if state["device"] != device.type:
-        raise ValueError(f"{path} was written on {state['device']} and this run is on "
-                         f"{device.type}: continue it with --device={state['device']}, or "
-                         "move the checkpoint away to start the run afresh")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"]["cpu"].cpu())
-    if "cuda" in state["rng"]:
-        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), device)
-    if "mps" in state["rng"]:
-        torch.mps.set_rng_state(state["rng"]["mps"].cpu())
-    order.set_state(state["order"].cpu())
-    return state["run"]
 
 
 def finished_record(config):
