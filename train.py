@@ -145,7 +145,7 @@ class Config:
 
 # name -> (the preset's values for a config, the per-layer forms of the mixers it names):
 # train.py has "cpu", the Config defaults; the Figure 2 presets are the lab's
-# (experiments/lab.py: PRESETS), which passes them to make_config
+# (experiments/figure2.py: PRESETS), which passes them to make_config
 PRESETS = {"cpu": (lambda config: {}, {})}
 
 
