@@ -253,7 +253,7 @@ def test_sample_distinct_is_uniform_over_ordered_tuples():
 
 
 # ----------------------------------------------------------------------------------------
-# mqar.py: single-query AR and the appendix G sequences
+# mqar.py: single-query AR
 
 def test_associative_recall_layout():
     x, y = mqar.associative_recall(2000, vocab_size=40, seq_len=20, seed=0)
@@ -273,40 +273,8 @@ def test_associative_recall_layout():
         mqar.associative_recall(2, vocab_size=10, seq_len=33)
 
 
-@pytest.mark.parametrize("P", [1, 16, 64, 256])
-def test_bigram_recall_sequences(P):
-    ids = torch.arange(100, 2000)
-    N, filler = 1024, 500
-    x, ar, fill = mqar.bigram_recall_sequences(ids, 20, P, filler_id=filler, seed=P)
-    assert x.shape == ar.shape == fill.shape == (20, N)
-    assert torch.equal(fill, x == filler) and (fill.sum(1) == N - 4 * P).all()
-    assert (ar.sum(1) == P).all()
-    for row, mask in zip(x.tolist(), ar.tolist()):
-        seen, expected = {}, []
-        for t in range(0, N, 2):
-            if row[t] == filler:
-                assert row[t + 1] == filler
-                continue
-            k, v = row[t], row[t + 1]
-            expected.append(k in seen)
-            if k in seen:
-                assert seen[k] == v, "a repeated key has the same value"
-            seen[k] = v
-            assert mask[t] is False
-        assert len(seen) == P and all(100 <= k < 2000 and k != filler for k in seen)
-        assert len(set(seen.values()) | set(seen)) == 2 * P, "2P distinct ids"
-        assert [mask[t + 1] for t in range(0, N, 2) if row[t] != filler] == expected
-
-
-def test_bigram_recall_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="num_pairs"):
-        mqar.bigram_recall_sequences(torch.arange(10_000), 2, 300, filler_id=0)
-    with pytest.raises(ValueError, match="token_ids"):
-        mqar.bigram_recall_sequences(torch.arange(10), 2, 8, filler_id=0)
-
-
 # ----------------------------------------------------------------------------------------
-# mqar.py: real text and its AR hits (Section 3.1)
+# mqar.py: the AR hits of real text (Section 3.1)
 
 def test_ar_hits_are_a_loop_over_each_context():
     """A token is an AR hit iff its bigram (x[t-1], x[t]) ends earlier in the same context
@@ -355,53 +323,6 @@ def test_ar_gap_share_and_sliced_perplexity_are_the_formulas():
     assert math.isclose(sliced["ppl_other"], ppl([v for v, h in zip(nll_b, hits) if not h]),
                         rel_tol=1e-9)
     assert (sliced["tokens"], sliced["ar_tokens"]) == (200, hits.sum())
-
-
-def test_default_corpus_is_the_standard_library_without_tests():
-    root, files = mqar.corpus_files()
-    names = [f.relative_to(root).as_posix() for f in files]
-    assert len(files) > 100 and all(n.endswith(".py") for n in names)
-    assert "os.py" in names and not any(
-        set(n.split("/")[:-1]) & {"test", "tests", "site-packages"} for n in names)
-    assert names == sorted(names)
-
-
-def test_corpus_split_vocabulary_and_encoding(tmp_path):
-    (tmp_path / "a.txt").write_text("x = y\nx = z\n")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "b.txt").write_text("y y z")
-    (tmp_path / ".hidden").write_text("never read")
-    texts = mqar.read_corpus(tmp_path)
-    assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
-    tokens = [mqar.TOKEN_PATTERN.findall(t) for _, t in texts]
-    assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
-    tokens[1].append("yz")
-    # characters: y 4, z 3, newline, = and x 2; (7 - 2) // 4 = 1 of them (y); then tokens:
-    # y 3 (in), newline, =, x and z 2 (ties sorted), yz 1 (no room: spelled y z)
-    vocab = mqar.build_vocabulary(tokens, 7)
-    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x", "z"]
-    assert mqar.encode(["x", "yz", "q", "y"], vocab).tolist() == [5, 2, 6, 0, 2]
-    names = [f"file{i}.py" for i in range(2000)]
-    valid = [n for n in names if mqar.is_validation_file(n)]
-    # pinned: the split is crc32 of the name, the same on every machine and Python (hash()
-    # would change with PYTHONHASHSEED)
-    assert valid[:9] == ["file4.py", "file20.py", "file35.py", "file36.py", "file44.py",
-                         "file51.py", "file52.py", "file78.py", "file99.py"]
-    assert 150 < len(valid) < 250                                           # about 10%
-    assert mqar.scaled_threshold(10_000_000_000) == 1250 and mqar.scaled_threshold(1000) == 1
-
-
-def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
-    with pytest.raises(ValueError, match="no such file or folder"):
-        mqar.read_corpus(tmp_path / "missing")
-    with pytest.raises(ValueError, match="holds no files"):
-        mqar.read_corpus(tmp_path)
-    (tmp_path / "empty.txt").write_text("  \n")
-    with pytest.raises(ValueError, match="hold no text"):
-        mqar.read_corpus(tmp_path)
-    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
-    with pytest.raises(ValueError, match="binary.txt.*cannot be read as UTF-8"):
-        mqar.read_corpus(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -3742,8 +3663,7 @@ def rand(*shape, seed):
 
 
 # ----------------------------------------------------------------------------------------
-# train.py: the programmatic filters trained, language models on real text (Section 3.1),
-# appendix G
+# train.py: the programmatic filters trained
 
 def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
     """Figure 2's lower rows in miniature (Thm 4.5 against Thm 4.4): at d = 32 < N = 64, a
@@ -3758,6 +3678,88 @@ def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
     assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
 
 
+# ----------------------------------------------------------------------------------------
+# experiments/lm.py: the corpus, language models on real text (Section 3.1), appendix G
+
+def test_default_corpus_is_the_standard_library_without_tests():
+    root, files = lm.corpus_files()
+    names = [f.relative_to(root).as_posix() for f in files]
+    assert len(files) > 100 and all(n.endswith(".py") for n in names)
+    assert "os.py" in names and not any(
+        set(n.split("/")[:-1]) & {"test", "tests", "site-packages"} for n in names)
+    assert names == sorted(names)
+
+
+def test_corpus_split_vocabulary_and_encoding(tmp_path):
+    (tmp_path / "a.txt").write_text("x = y\nx = z\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("y y z")
+    (tmp_path / ".hidden").write_text("never read")
+    texts = lm.read_corpus(tmp_path)
+    assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
+    tokens = [lm.TOKEN_PATTERN.findall(t) for _, t in texts]
+    assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
+    tokens[1].append("yz")
+    # characters: y 4, z 3, newline, = and x 2; (7 - 2) // 4 = 1 of them (y); then tokens:
+    # y 3 (in), newline, =, x and z 2 (ties sorted), yz 1 (no room: spelled y z)
+    vocab = lm.build_vocabulary(tokens, 7)
+    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x", "z"]
+    assert lm.encode(["x", "yz", "q", "y"], vocab).tolist() == [5, 2, 6, 0, 2]
+    names = [f"file{i}.py" for i in range(2000)]
+    valid = [n for n in names if lm.is_validation_file(n)]
+    # pinned: the split is crc32 of the name, the same on every machine and Python (hash()
+    # would change with PYTHONHASHSEED)
+    assert valid[:9] == ["file4.py", "file20.py", "file35.py", "file36.py", "file44.py",
+                         "file51.py", "file52.py", "file78.py", "file99.py"]
+    assert 150 < len(valid) < 250                                           # about 10%
+    assert mqar.scaled_threshold(10_000_000_000) == 1250 and mqar.scaled_threshold(1000) == 1
+
+
+def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
+    with pytest.raises(ValueError, match="no such file or folder"):
+        lm.read_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError, match="holds no files"):
+        lm.read_corpus(tmp_path)
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="hold no text"):
+        lm.read_corpus(tmp_path)
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(ValueError, match="binary.txt.*cannot be read as UTF-8"):
+        lm.read_corpus(tmp_path)
+
+
+@pytest.mark.parametrize("P", [1, 16, 64, 256])
+def test_bigram_recall_sequences(P):
+    ids = torch.arange(100, 2000)
+    N, filler = 1024, 500
+    x, ar, fill = lm.bigram_recall_sequences(ids, 20, P, filler_id=filler, seed=P)
+    assert x.shape == ar.shape == fill.shape == (20, N)
+    assert torch.equal(fill, x == filler) and (fill.sum(1) == N - 4 * P).all()
+    assert (ar.sum(1) == P).all()
+    for row, mask in zip(x.tolist(), ar.tolist()):
+        seen, expected = {}, []
+        for t in range(0, N, 2):
+            if row[t] == filler:
+                assert row[t + 1] == filler
+                continue
+            k, v = row[t], row[t + 1]
+            expected.append(k in seen)
+            if k in seen:
+                assert seen[k] == v, "a repeated key has the same value"
+            seen[k] = v
+            assert mask[t] is False
+        assert len(seen) == P and all(100 <= k < 2000 and k != filler for k in seen)
+        assert len(set(seen.values()) | set(seen)) == 2 * P, "2P distinct ids"
+        assert [mask[t + 1] for t in range(0, N, 2) if row[t] != filler] == expected
+
+
+def test_bigram_recall_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="num_pairs"):
+        lm.bigram_recall_sequences(torch.arange(10_000), 2, 300, filler_id=0)
+    with pytest.raises(ValueError, match="token_ids"):
+        lm.bigram_recall_sequences(torch.arange(10), 2, 8, filler_id=0)
+
+
 def _tiny_corpus(folder):
     """30 small files of Python-like text with repeated names: AR hits in every context."""
     rng = random.Random(0)
@@ -3767,7 +3769,7 @@ def _tiny_corpus(folder):
         lines = [f"{rng.choice(names)} = {rng.choice(names)}({rng.choice(names)})"
                  for _ in range(60)]
         (folder / f"f{i}.py").write_text("\n".join(lines) + "\n")
-    assert any(mqar.is_validation_file(f"f{i}.py") for i in range(30))
+    assert any(lm.is_validation_file(f"f{i}.py") for i in range(30))
     return folder
 
 
@@ -3778,8 +3780,8 @@ LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, ba
 def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_per_token(tmp_path):
     corpus = _tiny_corpus(tmp_path / "corpus")
     c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
-    (x, y), (xt, yt), (xv, yv) = train.make_data(c)
-    train_ids, valid_ids, _ = mqar.corpus_streams(str(corpus), 128)
+    (x, y), (xt, yt), (xv, yv) = lm.lm_data(c)
+    train_ids, valid_ids, _ = lm.corpus_streams(str(corpus), 128)
     assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
     held = torch.from_numpy(valid_ids[:10 * 33]).reshape(10, 33)
@@ -3792,7 +3794,26 @@ def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_
     assert nll.shape == (8, 32)
     assert math.isclose(nll.mean(), train.labelled_loss(model, xt, yt)[0].item(), rel_tol=1e-5)
     with pytest.raises(ValueError, match="num_test=100000 with num_valid=0 is not allowed"):
-        train.make_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
+        lm.lm_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
+
+
+def test_a_language_model_trains_on_the_labs_data_and_train_py_alone_refuses_it(tmp_path):
+    """task="lm": train.train without data refuses it, naming the LM experiment (the corpus
+    is the lab's), and so does python train.py; python -m experiments --task=lm ... (the
+    one-run command a sweep's worker runs) trains on lm_data: the run of train.train given
+    lm_data, step for step."""
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    c = train.make_config(corpus=str(corpus), out_dir=str(tmp_path / "direct"), **LM_TINY)
+    with pytest.raises(ValueError, match="task='lm' is not allowed without its data: the LM "
+                                         r"experiment \(python -m experiments --lm"):
+        train.train(c)
+    args = [f"--corpus={corpus}", *(f"--{k}={v}" for k, v in LM_TINY.items())]
+    assert train.main(args) == 2
+    direct = train.train(c, lm.lm_data(c))
+    assert cli.main([*args, f"--out_dir={tmp_path / 'one_run'}"]) == 0
+    [record] = common.load_records(tmp_path / "one_run")
+    assert record["steps"] == direct["steps"] == 4
+    assert [h["loss"] for h in record["history"]] == [h["loss"] for h in direct["history"]]
 
 
 def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(
@@ -3843,7 +3864,8 @@ def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes
     assert len(tables["lr"].splitlines()) == 2 + len(lm.LM_MODELS)
     assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(records)
     assert all(p.stat().st_size > 5000 for p in lm.lm_outputs("results/lm")[1:])
-    monkeypatch.setattr(lm, "train", lambda config: pytest.fail("retrained a finished model"))
+    monkeypatch.setattr(lm, "train",
+                        lambda config, data: pytest.fail("retrained a finished model"))
     again = lm.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
     assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in rows]
     monkeypatch.undo()

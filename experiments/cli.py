@@ -49,8 +49,8 @@ from experiments.figure2 import (BASE_CONV, FOLDER_TABLES, PRESETS, curves_figur
 from experiments.figure6 import fig6_table, plot_fig6
 from experiments.frontier import frontier_table, plot_frontier
 from experiments.hybrids import hybrids_table, plot_hybrids
-from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_outputs, lm_tables,
-                            plot_appendix_g, run_lm_experiment)
+from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_data, lm_outputs,
+                            lm_tables, plot_appendix_g, run_lm_experiment)
 from mixers import check_choice
 from train import (MAIN_MODELS, MAIN_STEPS, Config, _parse_value, _positive_flag, main_job,
                    parse_arguments, run_command, runs_table)
@@ -289,12 +289,14 @@ def main_job_command(flags, rest):
 
 
 def one_run_command(flags, rest):
-    """--key=value ... [--seeds=COUNT]: train.py's run_command with the lab's presets."""
+    """--key=value ... [--seeds=COUNT]: train.py's run_command with the lab's presets, a
+    language model's data (lm_data) given for --task=lm."""
     if "--ar_threshold" in flags or "--samples" in flags:
         raise ValueError("--ar_threshold and --samples are not allowed without --lm (and "
                          "--samples without --hf): they set the language-model experiment's "
                          "AR hits and appendix G samples")
-    return run_command(flags, rest, PRESETS)
+    return run_command(flags, rest, PRESETS,
+                       lambda config: lm_data(config) if config.task == "lm" else None)
 
 
 def main(argv):

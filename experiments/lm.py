@@ -2,7 +2,12 @@
 language models trained on a corpus, their held-out perplexity sliced by AR hits (the
 tokens that recall from the context predicts: mqar.ar_hits) and set beside the paper's
 Table 1; and appendix G's AR perplexity on repeated key-value bigrams, for those models and
-for any pretrained Hugging Face causal LM (the corpus and the sequences: mqar.py).
+for any pretrained Hugging Face causal LM.
+
+Here: the corpus (a folder of text; by default the Python standard library's source), its
+tokens and vocabulary, and the contexts a language model trains on (lm_data: train.train's
+`data` for task "lm"); the experiment (run_lm_experiment) with its tables and figures; and
+appendix G's sequences and measurement.
 
 Rerun (python -m experiments ...):
   --lm [--corpus=PATH] [--key=value ...] [--ar_threshold=COUNT] [--samples=COUNT]
@@ -14,8 +19,13 @@ Rerun (python -m experiments ...):
   --task=lm --mixer=NAME [--corpus=PATH] [--key=value ...]   one language model
 experiments/README.md ("The recall gap on real text") says what it shows.
 """
+import functools
 import itertools
 import math
+import re
+import sysconfig
+import zlib
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +36,136 @@ from tqdm import tqdm
 from experiments.common import strict_json
 from experiments.figure2 import BASE_CONV, make_config
 from mixers import check_positive
-from mqar import (ar_gap_share, ar_hits, bigram_counts, bigram_recall_sequences, corpus_streams,
+from mqar import (ar_gap_share, ar_hits, bigram_counts, check_int, sample_distinct,
                   scaled_threshold, sliced_perplexity)
-from train import (LanguageModel, finished_record, lm_data, markdown, model_color, pyplot,
-                   record_path, save_figure, train, wrapped)
+from train import (LanguageModel, finished_record, markdown, model_color, pyplot, record_path,
+                   save_figure, train, wrapped)
+
+
+# ----------------------------------------------------------------------------------------
+# real text: a corpus, its tokens, and the contexts a language model trains on
+#
+# The corpus is any folder of text; the default, the Python standard library's own source,
+# is present wherever Python is. A token is a word (\w+), a newline or one other non-space
+# character; the vocabulary holds the characters and the most frequent words of the
+# training files, and a word outside it is spelled in characters.
+
+TOKEN_PATTERN = re.compile(r"\w+|\n|[^\w\s]")
+UNK, EOF = "<unk>", "<eof>"           # ids 0 and 1; <eof> ends every file
+SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+def corpus_files(path=None):
+    """(root, files): the files of a corpus, sorted by path. `path` a file: itself; a folder:
+    every file under it (hidden names skipped). path=None: the standard library's .py files
+    (sysconfig's "stdlib" folder) without its tests and installed packages."""
+    if path is None:
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = [p for p in root.rglob("*.py")
+                 if not SKIPPED_DIRS & set(p.relative_to(root).parts[:-1])]
+    else:
+        root = Path(path)
+        if not root.exists():
+            raise ValueError(f"corpus={str(path)!r} is not allowed: no such file or folder")
+        files = [root] if root.is_file() else [
+            p for p in root.rglob("*") if p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+        root = root.parent if root.is_file() else root
+    if not files:
+        raise ValueError(f"corpus={str(root)!r} is not allowed: it holds no files")
+    return root, sorted(files)
+
+
+def read_corpus(path=None):
+    """[(name, text)] for corpus_files(path), name the path relative to the corpus folder,
+    text read as UTF-8. A file that cannot be read, or a corpus with no text at all, raises
+    a ValueError naming it."""
+    root, files = corpus_files(path)
+    texts = []
+    for file in files:
+        try:
+            texts.append((file.relative_to(root).as_posix(), file.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"corpus file {str(file)!r} cannot be read as UTF-8 text "
+                             f"({type(e).__name__}: {e}); remove it or pass a folder of "
+                             "text files only") from None
+    if not any(text.strip() for _, text in texts):
+        raise ValueError(f"corpus={str(root if path is None else path)!r} is not allowed: "
+                         "its files hold no text")
+    return texts
+
+
+def is_validation_file(name, fraction=0.1):
+    """The deterministic split by file: crc32 of the file's name (its path relative to the
+    corpus) below `fraction` of 2^32 puts it in validation, on every machine."""
+    return zlib.crc32(name.encode()) < fraction * 2 ** 32
+
+
+def build_vocabulary(token_lists, size):
+    """<unk>, <eof>, then the training tokens' characters (the most frequent, up to a
+    quarter of `size`), then the most frequent longer tokens up to `size` (ties in sorted
+    order). A token outside it is spelled in characters by `encode`, so a rare identifier
+    repeated in a file still repeats as a sequence of ids (the AR hits of code)."""
+    check_int("size", size, 3, "an integer >= 3 (<unk>, <eof> and a token)")
+    counts = Counter(t for tokens in token_lists for t in tokens if t not in (UNK, EOF))
+    chars = Counter()
+    for token, n in counts.items():
+        for ch in token:
+            chars[ch] += n
+    rank = lambda table: sorted(table, key=lambda t: (-table[t], t))
+    vocab = [UNK, EOF] + rank(chars)[:max(1, (size - 2) // 4)]
+    known = set(vocab)
+    return vocab + [t for t in rank(counts) if t not in known][:size - len(vocab)]
+
+
+def encode(tokens, vocabulary):
+    """Token strings -> ids (int64 numpy array): a token of the vocabulary is its id, any
+    other is spelled as the ids of its characters (0, <unk>, for a character outside it)."""
+    index = {t: i for i, t in enumerate(vocabulary)}
+    ids = []
+    for token in tokens:
+        if token in index:
+            ids.append(index[token])
+        else:
+            ids.extend(index.get(ch, 0) for ch in token)
+    return np.array(ids, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=2)
+def corpus_streams(path=None, vocab_size=4096):
+    """(training ids, validation ids, vocabulary) of a corpus: its files split by
+    is_validation_file, tokenized, each ended by <eof> and concatenated in file order; the
+    vocabulary built from the training files alone. Cached: models trained one after
+    another in a process read the corpus once."""
+    split = {False: [], True: []}
+    for name, text in read_corpus(path):
+        split[is_validation_file(name)].append(TOKEN_PATTERN.findall(text) + [EOF])
+    if not split[False] or not split[True]:
+        raise ValueError(f"corpus={str(path)!r} is not allowed: the split by file left no "
+                         f"{'training' if not split[False] else 'validation'} files "
+                         "(is_validation_file puts about 10% of the files in validation)")
+    vocabulary = build_vocabulary(split[False], vocab_size)
+    train, valid = ([t for tokens in split[v] for t in tokens] for v in (False, True))
+    return encode(train, vocabulary), encode(valid, vocabulary), vocabulary
+
+
+def lm_data(config):
+    """Contexts of seq_len + 1 tokens of the corpus, as (inputs, the next tokens): num_train
+    windows at random offsets of the training files' stream (numpy seed 2·seed), then
+    num_test and num_valid consecutive windows of the validation files' stream."""
+    c = config
+    train_ids, valid_ids, _ = corpus_streams(c.corpus or None, c.vocab_size)
+    T = c.seq_len + 1
+    starts = np.random.default_rng(2 * c.seed).integers(0, len(train_ids) - T + 1, c.num_train)
+    n = len(valid_ids) // T
+    if c.num_test + c.num_valid > n:
+        raise ValueError(f"num_test={c.num_test} with num_valid={c.num_valid} is not allowed: "
+                         f"the validation files of corpus={c.corpus!r} hold {n} contexts of "
+                         f"seq_len + 1 = {T} tokens")
+    held = torch.from_numpy(valid_ids[:n * T].reshape(n, T))
+    pairs = lambda contexts: (contexts[:, :-1], contexts[:, 1:])
+    return (pairs(torch.from_numpy(train_ids[starts[:, None] + np.arange(T)])),
+            pairs(held[:c.num_test]), pairs(held[c.num_test:c.num_test + c.num_valid]))
 
 
 # ----------------------------------------------------------------------------------------
@@ -78,7 +214,7 @@ def trained_model(config):
     training. Returns (model, record)."""
     path, record = record_path(config), finished_record(config)
     if record is None or not path.with_suffix(".pt").exists():
-        record = train(config)
+        record = train(config, lm_data(config))
     with torch.random.fork_rng(devices=[]):
         model = LanguageModel(config)
     model.load_state_dict(torch.load(path.with_suffix(".pt"), map_location="cpu"))
@@ -118,7 +254,8 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     valid_loss = {}
     for label, lr in tqdm([(label, lr) for label in LM_MODELS for lr in lrs],
                           desc="learning rates", unit="run", disable=len(lrs) == 1):
-        record = finished_record(config(label, lr, seeds[0])) or train(config(label, lr, seeds[0]))
+        run = config(label, lr, seeds[0])
+        record = finished_record(run) or train(run, lm_data(run))
         valid_loss[label, lr] = record.get("valid_loss", math.nan)
     least = lambda label: lambda lr: (math.inf if math.isnan(valid_loss[label, lr])
                                       else valid_loss[label, lr])
@@ -315,12 +452,64 @@ APPENDIX_G_PAIRS = (16, 32, 64, 128, 256)        # P, at seq_len 1024 (appendix 
 TRANSFORMERS = "transformers==5.24.0"             # the optional package, the version tested
 
 
+def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_len=1024,
+                            seed=0):
+    """Sequences for the appendix G measurement: inference only, no labels.
+
+    Each row holds P = num_pairs key-value bigrams, each appearing twice, on 4P of the
+    seq_len positions; every other position holds the one `filler_id`. The 2P bigram
+    copies sit on distinct aligned slots (positions 2s, 2s+1), chosen uniformly, and the
+    two copies of each bigram are placed in random order among them. Keys and values are
+    2P distinct ids drawn from `token_ids` (the model's own vocabulary; filler excluded),
+    so every repeated key determines its value.
+
+    Returns (inputs, ar_mask, filler_mask), each (num_examples, seq_len); the masks mark
+    *target* positions t for next-token prediction from positions < t:
+      ar_mask[t]     token t is the value of a bigram whose key is at t-1 for the second
+                     time (an AR token: predictable only by recall);
+      filler_mask[t] token t is the filler (the paper's non-AR tokens); position 0 is
+                     marked too when it holds the filler, though nothing predicts it.
+    """
+    token_ids = torch.as_tensor(token_ids).flatten().unique()
+    check_int("num_examples", num_examples, 0, "an integer >= 0")
+    check_int("seq_len", seq_len, 4, "an integer >= 4")
+    check_int("num_pairs", num_pairs, 1, "an integer >= 1 with 4*num_pairs <= seq_len")
+    if 4 * num_pairs > seq_len:
+        raise ValueError(f"num_pairs={num_pairs} is not allowed with seq_len={seq_len}: "
+                         f"4*num_pairs must be <= seq_len (at most {seq_len // 4})")
+    pool = token_ids[token_ids != filler_id].numpy()
+    if len(pool) < 2 * num_pairs:
+        raise ValueError(f"token_ids has {len(pool)} ids other than filler_id={filler_id}; "
+                         f"num_pairs={num_pairs} needs at least {2 * num_pairs}")
+    check_int("seed", seed, 0, "an integer >= 0")
+    B, P, N = num_examples, num_pairs, seq_len
+    rng = np.random.default_rng(seed)
+    ids = pool[sample_distinct(rng, B, 2 * P, 0, len(pool))]                # (B, 2P)
+    slots = np.sort(sample_distinct(rng, B, 2 * P, 0, N // 2), axis=1)       # (B, 2P)
+    copies = np.argsort(rng.random((B, 2 * P)), axis=1) % P                  # each pair twice
+    key_pos = 2 * slots
+    inputs = np.full((B, N), filler_id, dtype=np.int64)
+    np.put_along_axis(inputs, key_pos, np.take_along_axis(ids[:, :P], copies, 1), axis=1)
+    np.put_along_axis(inputs, key_pos + 1, np.take_along_axis(ids[:, P:], copies, 1), axis=1)
+    # the second copy of pair j is the later of its two slots
+    seen_before = np.zeros((B, 2 * P), dtype=bool)
+    first = np.full((B, P), -1)
+    for s in range(2 * P):  # a loop over slots (≤ 2P), vectorized over examples
+        j = copies[:, s]
+        seen_before[:, s] = np.take_along_axis(first, j[:, None], 1)[:, 0] >= 0
+        np.put_along_axis(first, j[:, None], s, axis=1)
+    ar_mask = np.zeros((B, N), dtype=bool)
+    np.put_along_axis(ar_mask, key_pos + 1, seen_before, axis=1)
+    filler_mask = inputs == filler_id
+    return torch.from_numpy(inputs), torch.from_numpy(ar_mask), torch.from_numpy(filler_mask)
+
+
 @torch.no_grad()
 def appendix_g(logits_fn, token_ids, filler_id, num_pairs=APPENDIX_G_PAIRS, num_samples=1000,
                seq_len=1024, batch_size=8, seed=0):
     """Appendix G for any causal LM given as logits_fn(ids (B, N)) -> logits (B, N, V): for
     each P, perplexity on the AR tokens (the value after a key's second occurrence) and on
-    the filler tokens of mqar.bigram_recall_sequences(token_ids, num_samples, P, filler_id,
+    the filler tokens of bigram_recall_sequences(token_ids, num_samples, P, filler_id,
     seq_len), token t predicted from the tokens before it. Returns one row per P."""
     check_positive("batch_size", batch_size)
     rows = []
