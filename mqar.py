@@ -3,11 +3,9 @@
 Implements, in the order of the paper:
   Procedure 1 (appendix E): multi-query associative recall, `multiquery_ar`; and the older
       single-query AR task it replaces, `associative_recall`.
-  Appendix G: key-value bigram sequences over a pretrained model's vocabulary, for
-      measuring AR perplexity without training, `bigram_recall_sequences`.
-  Section 3.1: real text (a folder of files, by default the Python standard library's
-      source), a word-level tokenizer, and the AR hits that slice a language model's loss,
-      `read_corpus`, `build_vocabulary`, `ar_hits`, `ar_gap_share`.
+  Section 3.1: the AR hits among the tokens of real text, which slice a language model's
+      loss, `ar_hits`, `ar_gap_share`, `sliced_perplexity` (the corpus, its tokenizer, the
+      language models and appendix G's sequences are the lab's: experiments/lm.py).
 
 Glossary (code name -> paper symbol):
   vocab_size   c = |C|     vocabulary; keys come from [1, c/2), values from [c/2, c)
@@ -27,14 +25,8 @@ are handed to torch without a copy.
 per-example implementation of the official algorithm, in one run.
 """
 import argparse
-import functools
-import re
-import sysconfig
 import time
 import tracemalloc
-import zlib
-from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -258,171 +250,16 @@ def associative_recall(num_examples, vocab_size=40, seq_len=33, seed=0):
 
 
 # ----------------------------------------------------------------------------------------
-# Appendix G: bigram sequences for AR perplexity of a pretrained model
-
-def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_len=1024,
-                            seed=0):
-    """Sequences for the appendix G measurement: inference only, no labels.
-
-    Each row holds P = num_pairs key-value bigrams, each appearing twice, on 4P of the
-    seq_len positions; every other position holds the one `filler_id`. The 2P bigram
-    copies sit on distinct aligned slots (positions 2s, 2s+1), chosen uniformly, and the
-    two copies of each bigram are placed in random order among them. Keys and values are
-    2P distinct ids drawn from `token_ids` (the model's own vocabulary; filler excluded),
-    so every repeated key determines its value.
-
-    Returns (inputs, ar_mask, filler_mask), each (num_examples, seq_len); the masks mark
-    *target* positions t for next-token prediction from positions < t:
-      ar_mask[t]     token t is the value of a bigram whose key is at t-1 for the second
-                     time (an AR token: predictable only by recall);
-      filler_mask[t] token t is the filler (the paper's non-AR tokens); position 0 is
-                     marked too when it holds the filler, though nothing predicts it.
-    """
-    token_ids = torch.as_tensor(token_ids).flatten().unique()
-    check_int("num_examples", num_examples, 0, "an integer >= 0")
-    check_int("seq_len", seq_len, 4, "an integer >= 4")
-    check_int("num_pairs", num_pairs, 1, "an integer >= 1 with 4*num_pairs <= seq_len")
-    if 4 * num_pairs > seq_len:
-        raise ValueError(f"num_pairs={num_pairs} is not allowed with seq_len={seq_len}: "
-                         f"4*num_pairs must be <= seq_len (at most {seq_len // 4})")
-    pool = token_ids[token_ids != filler_id].numpy()
-    if len(pool) < 2 * num_pairs:
-        raise ValueError(f"token_ids has {len(pool)} ids other than filler_id={filler_id}; "
-                         f"num_pairs={num_pairs} needs at least {2 * num_pairs}")
-    check_int("seed", seed, 0, "an integer >= 0")
-    B, P, N = num_examples, num_pairs, seq_len
-    rng = np.random.default_rng(seed)
-    ids = pool[sample_distinct(rng, B, 2 * P, 0, len(pool))]                # (B, 2P)
-    slots = np.sort(sample_distinct(rng, B, 2 * P, 0, N // 2), axis=1)       # (B, 2P)
-    copies = np.argsort(rng.random((B, 2 * P)), axis=1) % P                  # each pair twice
-    key_pos = 2 * slots
-    inputs = np.full((B, N), filler_id, dtype=np.int64)
-    np.put_along_axis(inputs, key_pos, np.take_along_axis(ids[:, :P], copies, 1), axis=1)
-    np.put_along_axis(inputs, key_pos + 1, np.take_along_axis(ids[:, P:], copies, 1), axis=1)
-    # the second copy of pair j is the later of its two slots
-    seen_before = np.zeros((B, 2 * P), dtype=bool)
-    first = np.full((B, P), -1)
-    for s in range(2 * P):  # a loop over slots (≤ 2P), vectorized over examples
-        j = copies[:, s]
-        seen_before[:, s] = np.take_along_axis(first, j[:, None], 1)[:, 0] >= 0
-        np.put_along_axis(first, j[:, None], s, axis=1)
-    ar_mask = np.zeros((B, N), dtype=bool)
-    np.put_along_axis(ar_mask, key_pos + 1, seen_before, axis=1)
-    filler_mask = inputs == filler_id
-    return torch.from_numpy(inputs), torch.from_numpy(ar_mask), torch.from_numpy(filler_mask)
-
-
-# ----------------------------------------------------------------------------------------
-# Section 3.1: real text, its tokens, and the AR hits among them
+# Section 3.1: the AR hits among the tokens of real text
 #
 # The paper slices a language model's loss on the Pile by token: an "AR hit" completes a
 # bigram that already appeared earlier in the same context, and that bigram is rare in the
 # training data (a threshold of 1,250 occurrences in the paper, whose models saw 10B tokens
 # of the Pile; scaled_threshold scales it to a smaller corpus, our reading), so that mostly
-# recall from the context can predict it; every other token is "other". Here the corpus is
-# any folder of text; the default, the Python standard library's own source, is present
-# wherever Python is. A token is a word (\w+), a newline or one other non-space character;
-# the vocabulary holds the characters and the most frequent words of the training files,
-# and a word outside it is spelled in characters.
+# recall from the context can predict it; every other token is "other". The corpus, its
+# tokens and the language models are the lab's (experiments/lm.py).
 
-TOKEN_PATTERN = re.compile(r"\w+|\n|[^\w\s]")
-UNK, EOF = "<unk>", "<eof>"           # ids 0 and 1; <eof> ends every file
-SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
 PAPER_THRESHOLD, PAPER_TRAIN_TOKENS = 1250, 10_000_000_000
-
-
-def corpus_files(path=None):
-    """(root, files): the files of a corpus, sorted by path. `path` a file: itself; a folder:
-    every file under it (hidden names skipped). path=None: the standard library's .py files
-    (sysconfig's "stdlib" folder) without its tests and installed packages."""
-    if path is None:
-        root = Path(sysconfig.get_paths()["stdlib"])
-        files = [p for p in root.rglob("*.py")
-                 if not SKIPPED_DIRS & set(p.relative_to(root).parts[:-1])]
-    else:
-        root = Path(path)
-        if not root.exists():
-            raise ValueError(f"corpus={str(path)!r} is not allowed: no such file or folder")
-        files = [root] if root.is_file() else [
-            p for p in root.rglob("*") if p.is_file()
-            and not any(part.startswith(".") for part in p.relative_to(root).parts)]
-        root = root.parent if root.is_file() else root
-    if not files:
-        raise ValueError(f"corpus={str(root)!r} is not allowed: it holds no files")
-    return root, sorted(files)
-
-
-def read_corpus(path=None):
-    """[(name, text)] for corpus_files(path), name the path relative to the corpus folder,
-    text read as UTF-8. A file that cannot be read, or a corpus with no text at all, raises
-    a ValueError naming it."""
-    root, files = corpus_files(path)
-    texts = []
-    for file in files:
-        try:
-            texts.append((file.relative_to(root).as_posix(), file.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"corpus file {str(file)!r} cannot be read as UTF-8 text "
-                             f"({type(e).__name__}: {e}); remove it or pass a folder of "
-                             "text files only") from None
-    if not any(text.strip() for _, text in texts):
-        raise ValueError(f"corpus={str(root if path is None else path)!r} is not allowed: "
-                         "its files hold no text")
-    return texts
-
-
-def is_validation_file(name, fraction=0.1):
-    """The deterministic split by file: crc32 of the file's name (its path relative to the
-    corpus) below `fraction` of 2^32 puts it in validation, on every machine."""
-    return zlib.crc32(name.encode()) < fraction * 2 ** 32
-
-
-def build_vocabulary(token_lists, size):
-    """<unk>, <eof>, then the training tokens' characters (the most frequent, up to a
-    quarter of `size`), then the most frequent longer tokens up to `size` (ties in sorted
-    order). A token outside it is spelled in characters by `encode`, so a rare identifier
-    repeated in a file still repeats as a sequence of ids (the AR hits of code)."""
-    check_int("size", size, 3, "an integer >= 3 (<unk>, <eof> and a token)")
-    counts = Counter(t for tokens in token_lists for t in tokens if t not in (UNK, EOF))
-    chars = Counter()
-    for token, n in counts.items():
-        for ch in token:
-            chars[ch] += n
-    rank = lambda table: sorted(table, key=lambda t: (-table[t], t))
-    vocab = [UNK, EOF] + rank(chars)[:max(1, (size - 2) // 4)]
-    known = set(vocab)
-    return vocab + [t for t in rank(counts) if t not in known][:size - len(vocab)]
-
-
-def encode(tokens, vocabulary):
-    """Token strings -> ids (int64 numpy array): a token of the vocabulary is its id, any
-    other is spelled as the ids of its characters (0, <unk>, for a character outside it)."""
-    index = {t: i for i, t in enumerate(vocabulary)}
-    ids = []
-    for token in tokens:
-        if token in index:
-            ids.append(index[token])
-        else:
-            ids.extend(index.get(ch, 0) for ch in token)
-    return np.array(ids, dtype=np.int64)
-
-
-@functools.lru_cache(maxsize=2)
-def corpus_streams(path=None, vocab_size=4096):
-    """(training ids, validation ids, vocabulary) of a corpus: its files split by
-    is_validation_file, tokenized, each ended by <eof> and concatenated in file order; the
-    vocabulary built from the training files alone. Cached: models trained one after
-    another in a process read the corpus once."""
-    split = {False: [], True: []}
-    for name, text in read_corpus(path):
-        split[is_validation_file(name)].append(TOKEN_PATTERN.findall(text) + [EOF])
-    if not split[False] or not split[True]:
-        raise ValueError(f"corpus={str(path)!r} is not allowed: the split by file left no "
-                         f"{'training' if not split[False] else 'validation'} files "
-                         "(is_validation_file puts about 10% of the files in validation)")
-    vocabulary = build_vocabulary(split[False], vocab_size)
-    train, valid = ([t for tokens in split[v] for t in tokens] for v in (False, True))
-    return encode(train, vocabulary), encode(valid, vocabulary), vocabulary
 
 
 def bigram_counts(stream, vocab_size):

@@ -35,7 +35,7 @@ import mixers
 import mqar
 import theory as th
 import train
-from experiments import lab
+from experiments import cli, common, figure2, figure6, lm
 from mixers import MIXERS
 from mqar import IGNORE, multiquery_ar
 
@@ -253,7 +253,7 @@ def test_sample_distinct_is_uniform_over_ordered_tuples():
 
 
 # ----------------------------------------------------------------------------------------
-# mqar.py: single-query AR and the appendix G sequences
+# mqar.py: single-query AR
 
 def test_associative_recall_layout():
     x, y = mqar.associative_recall(2000, vocab_size=40, seq_len=20, seed=0)
@@ -273,40 +273,8 @@ def test_associative_recall_layout():
         mqar.associative_recall(2, vocab_size=10, seq_len=33)
 
 
-@pytest.mark.parametrize("P", [1, 16, 64, 256])
-def test_bigram_recall_sequences(P):
-    ids = torch.arange(100, 2000)
-    N, filler = 1024, 500
-    x, ar, fill = mqar.bigram_recall_sequences(ids, 20, P, filler_id=filler, seed=P)
-    assert x.shape == ar.shape == fill.shape == (20, N)
-    assert torch.equal(fill, x == filler) and (fill.sum(1) == N - 4 * P).all()
-    assert (ar.sum(1) == P).all()
-    for row, mask in zip(x.tolist(), ar.tolist()):
-        seen, expected = {}, []
-        for t in range(0, N, 2):
-            if row[t] == filler:
-                assert row[t + 1] == filler
-                continue
-            k, v = row[t], row[t + 1]
-            expected.append(k in seen)
-            if k in seen:
-                assert seen[k] == v, "a repeated key has the same value"
-            seen[k] = v
-            assert mask[t] is False
-        assert len(seen) == P and all(100 <= k < 2000 and k != filler for k in seen)
-        assert len(set(seen.values()) | set(seen)) == 2 * P, "2P distinct ids"
-        assert [mask[t + 1] for t in range(0, N, 2) if row[t] != filler] == expected
-
-
-def test_bigram_recall_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="num_pairs"):
-        mqar.bigram_recall_sequences(torch.arange(10_000), 2, 300, filler_id=0)
-    with pytest.raises(ValueError, match="token_ids"):
-        mqar.bigram_recall_sequences(torch.arange(10), 2, 8, filler_id=0)
-
-
 # ----------------------------------------------------------------------------------------
-# mqar.py: real text and its AR hits (Section 3.1)
+# mqar.py: the AR hits of real text (Section 3.1)
 
 def test_ar_hits_are_a_loop_over_each_context():
     """A token is an AR hit iff its bigram (x[t-1], x[t]) ends earlier in the same context
@@ -355,53 +323,6 @@ def test_ar_gap_share_and_sliced_perplexity_are_the_formulas():
     assert math.isclose(sliced["ppl_other"], ppl([v for v, h in zip(nll_b, hits) if not h]),
                         rel_tol=1e-9)
     assert (sliced["tokens"], sliced["ar_tokens"]) == (200, hits.sum())
-
-
-def test_default_corpus_is_the_standard_library_without_tests():
-    root, files = mqar.corpus_files()
-    names = [f.relative_to(root).as_posix() for f in files]
-    assert len(files) > 100 and all(n.endswith(".py") for n in names)
-    assert "os.py" in names and not any(
-        set(n.split("/")[:-1]) & {"test", "tests", "site-packages"} for n in names)
-    assert names == sorted(names)
-
-
-def test_corpus_split_vocabulary_and_encoding(tmp_path):
-    (tmp_path / "a.txt").write_text("x = y\nx = z\n")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "b.txt").write_text("y y z")
-    (tmp_path / ".hidden").write_text("never read")
-    texts = mqar.read_corpus(tmp_path)
-    assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
-    tokens = [mqar.TOKEN_PATTERN.findall(t) for _, t in texts]
-    assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
-    tokens[1].append("yz")
-    # characters: y 4, z 3, newline, = and x 2; (7 - 2) // 4 = 1 of them (y); then tokens:
-    # y 3 (in), newline, =, x and z 2 (ties sorted), yz 1 (no room: spelled y z)
-    vocab = mqar.build_vocabulary(tokens, 7)
-    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x", "z"]
-    assert mqar.encode(["x", "yz", "q", "y"], vocab).tolist() == [5, 2, 6, 0, 2]
-    names = [f"file{i}.py" for i in range(2000)]
-    valid = [n for n in names if mqar.is_validation_file(n)]
-    # pinned: the split is crc32 of the name, the same on every machine and Python (hash()
-    # would change with PYTHONHASHSEED)
-    assert valid[:9] == ["file4.py", "file20.py", "file35.py", "file36.py", "file44.py",
-                         "file51.py", "file52.py", "file78.py", "file99.py"]
-    assert 150 < len(valid) < 250                                           # about 10%
-    assert mqar.scaled_threshold(10_000_000_000) == 1250 and mqar.scaled_threshold(1000) == 1
-
-
-def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
-    with pytest.raises(ValueError, match="no such file or folder"):
-        mqar.read_corpus(tmp_path / "missing")
-    with pytest.raises(ValueError, match="holds no files"):
-        mqar.read_corpus(tmp_path)
-    (tmp_path / "empty.txt").write_text("  \n")
-    with pytest.raises(ValueError, match="hold no text"):
-        mqar.read_corpus(tmp_path)
-    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
-    with pytest.raises(ValueError, match="binary.txt.*cannot be read as UTF-8"):
-        mqar.read_corpus(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2210,24 +2131,25 @@ def test_cli_reports_bad_keys_without_a_traceback():
 def test_dry_run_prints_one_line_per_run_that_reproduces_it(capsys):
     """Each line of --dry_run, parsed as the command line would, is its run's config (and so
     writes the file the sweep looks for)."""
-    for name, scale in [(name, scale) for name in lab.SWEEPS for scale in lab.SWEEPS[name]]:
-        assert lab.main([f"--sweep={name}", f"--scale={scale}", "--dry_run"]) == 0
+    for name, scale in [(name, scale) for name in cli.SWEEPS for scale in cli.SWEEPS[name]]:
+        assert cli.main([f"--sweep={name}", f"--scale={scale}", "--dry_run"]) == 0
         lines = capsys.readouterr().out.splitlines()
-        runs = lab.sweep_runs(name, scale)
+        runs = common.sweep_runs(name, cli.SWEEPS[name], scale)
         assert len(lines) == len(runs) == len(set(lines))
         for line, (label, overrides) in list(zip(lines, runs))[::max(1, len(runs) // 7)]:
             args = shlex.split(line)
             assert args[:3] == ["python", "-m", "experiments"] and f"--label={label}" in args
-            config = lab.make_config(**train.parse_arguments(args[3:]))
-            assert config == lab.make_config(**overrides) and config.out_dir == f"results/{name}"
+            config = figure2.make_config(**train.parse_arguments(args[3:]))
+            assert config == figure2.make_config(**overrides)
+            assert config.out_dir == f"results/{name}"
 
 
 SWEEP_SCRIPT = """import sys
-from experiments import lab
-lab.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
+from experiments import cli
+cli.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
     seq_len=[16], num_kv_pairs=[2], vocab_size=[64], d_model=[16], num_train=[256],
     num_test=[64], batch_size=[16], max_steps=[int(sys.argv[1])], eval_every=[50])}
-lab.main(["--sweep=tiny"])
+cli.main(["--sweep=tiny"])
 """
 
 
@@ -2253,7 +2175,7 @@ def test_killed_sweep_resumes_and_loses_no_finished_run(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert first[0].read_text() == before, "the finished run was not run again"
-    assert sorted(r["seed"] for r in lab.load_records(folder)) == [0, 1, 2]
+    assert sorted(r["seed"] for r in common.load_records(folder)) == [0, 1, 2]
 
 
 def test_foreign_or_corrupt_files_in_a_results_folder_are_named(tmp_path):
@@ -2261,10 +2183,10 @@ def test_foreign_or_corrupt_files_in_a_results_folder_are_named(tmp_path):
     folder.mkdir(parents=True)
     (folder / "a.json").write_text('{"config": {"mixer": "attention"')        # cut short
     with pytest.raises(ValueError, match=r"a\.json is not a run record"):
-        lab.load_records(folder)
+        common.load_records(folder)
     (folder / "a.json").write_text(json.dumps({"config": {"not_a_key": 1}, "test_acc": 1}))
     with pytest.raises(ValueError, match=r"a\.json is not a run record.*not_a_key"):
-        lab.load_records(folder)
+        common.load_records(folder)
     for command in ("--plot=fig2", "--sweep=fig2"):      # before any run or drawing
         out = subprocess.run([*LAB, command], capture_output=True, text=True, cwd=tmp_path,
                              env=LAB_ENV)
@@ -2298,17 +2220,17 @@ def test_a_results_folder_holds_one_record_per_run(tmp_path):
     record = fake_record(c.lr, c.seed, 0.5, 0.5, **config)
     path = train.record_path(c)
     train.save_record(record, path)
-    assert len(lab.load_records(tmp_path)) == 1
+    assert len(common.load_records(tmp_path)) == 1
     (tmp_path / "copy.json").write_text(path.read_text())
     with pytest.raises(ValueError, match=rf"{re.escape(path.name)} and .*copy\.json are records "
                                          "of the same run"):
-        lab.load_records(tmp_path)
+        common.load_records(tmp_path)
     (tmp_path / "copy.json").unlink()
     record["config"]["lr"] = 1e-3
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=rf"{re.escape(path.name)} holds the record of the run "
                                          r".*lr0\.001.*not of the run its file name says"):
-        lab.load_records(tmp_path)
+        common.load_records(tmp_path)
 
 
 def test_a_finished_run_run_again_trains_nothing_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -2437,12 +2359,12 @@ def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
 
 
 WORKERS_SCRIPT = """import sys
-from experiments import lab
-lab.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
+from experiments import cli
+cli.SWEEPS["tiny"] = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2],
     seq_len=[16], num_kv_pairs=[2], vocab_size=[64], d_model=[16], num_train=[256],
     num_test=[64], num_valid=[64], batch_size=[16], max_steps=[1000], eval_every=[100],
     target_acc=[1.0], checkpoint_every=[0.05])}
-sys.exit(lab.main(["--sweep=tiny", "--workers=2"]))
+sys.exit(cli.main(["--sweep=tiny", "--workers=2"]))
 """
 
 
@@ -2472,7 +2394,7 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    records = {r["seed"]: r for r in lab.load_records(folder)}
+    records = {r["seed"]: r for r in common.load_records(folder)}
     assert sorted(records) == [0, 1, 2] and {r["steps"] for r in records.values()} == {1000}
     for seed in (0, 1):                  # continued where Ctrl-C stopped them
         assert [r["step"] for r in records[seed]["resumed"]] == [stopped[seed]["steps"]]
@@ -2504,8 +2426,8 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
 def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
         args, message, capsys, monkeypatch):
     """Exit status 2 and the message, before anything trains."""
-    monkeypatch.setattr(lab, "run_lm_experiment", lambda *a: pytest.fail("started training"))
-    assert lab.main(args) == 2 and message in capsys.readouterr().err
+    monkeypatch.setattr(cli, "run_lm_experiment", lambda *a: pytest.fail("started training"))
+    assert cli.main(args) == 2 and message in capsys.readouterr().err
 
 
 COMMAND_FUNCTIONS = ("table_command", "plot_command", "submit_command", "sweep_command",
@@ -2525,13 +2447,13 @@ def test_main_hands_each_command_to_its_own_function(args, chosen, monkeypatch):
     --key=value settings split apart, and its exit status is main's."""
     called = []
     for name in COMMAND_FUNCTIONS:
-        monkeypatch.setattr(lab, name, lambda flags, rest, name=name: called.append(
+        monkeypatch.setattr(cli, name, lambda flags, rest, name=name: called.append(
             (name, flags, rest)) or 7)
-    assert lab.main(args) == 7 and [c[0] for c in called] == [chosen]
+    assert cli.main(args) == 7 and [c[0] for c in called] == [chosen]
     _, flags, rest = called[0]
     assert sorted([*(f"{k}={v}" if v else k for k, v in flags.items()), *rest]) == sorted(args)
-    assert all(a.split("=")[0] in lab.COMMANDS for a in flags) and not any(
-        a.split("=")[0] in lab.COMMANDS for a in rest)
+    assert all(a.split("=")[0] in cli.COMMANDS for a in flags) and not any(
+        a.split("=")[0] in cli.COMMANDS for a in rest)
 
 
 def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
@@ -2540,10 +2462,10 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     script = tmp_path / "fake_train.py"
     script.write_text("import sys\nprint('ran', sys.argv[1:])\n"
                       "sys.exit(3 if '--seed=1' in sys.argv else 0)\n")
-    monkeypatch.setattr(lab, "ONE_RUN", [str(script)])
+    monkeypatch.setattr(common, "ONE_RUN", [str(script)])
     runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(3)]
-    with pytest.raises(lab.SweepFailed, match=r"1 of 3 runs failed; .*-s1-.*\.log"):
-        lab.run_in_processes(runs, 2, "test")
+    with pytest.raises(common.SweepFailed, match=r"1 of 3 runs failed; .*-s1-.*\.log"):
+        common.run_in_processes(runs, figure2.make_config, 2, "test")
     [log] = tmp_path.glob("*.log")
     assert "-s1-" in log.name and "ran" in log.read_text()
 
@@ -2558,11 +2480,13 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
     tiny = dict(models={"attention": "attention"}, seq_len=[16], num_kv_pairs=[2],
                 vocab_size=[64], d_model=[16], num_train=[256], num_test=[64], num_valid=[64],
                 batch_size=[16], eval_every=[100], target_acc=[1.0], checkpoint_every=[0.05])
-    monkeypatch.setitem(lab.SWEEPS, "tiny", {"cpu": [dict(tiny, seed=[0], max_steps=[20]),
+    monkeypatch.setitem(cli.SWEEPS, "tiny", {"cpu": [dict(tiny, seed=[0], max_steps=[20]),
                                                        dict(tiny, seed=[1], max_steps=[3000])]})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", "elsewhere")
-    short, long = lab.submit_sweep("tiny", "cpu", cluster="local", time_min=10)
+    submit = lambda: common.submit_sweep("tiny", cli.SWEEPS["tiny"], "cpu", figure2.make_config,
+                                         cluster="local", time_min=10)
+    short, long = submit()
     assert os.environ["PYTHONPATH"] == "elsewhere"           # given back after submitting
     folder = tmp_path / "results" / "tiny"
     deadline = time.time() + 120
@@ -2574,19 +2498,20 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
     while not long.done() and time.time() < deadline:
         time.sleep(0.05)
     assert not any(r["seed"] == 1 and r["ended"] != "interrupted"
-                   for r in lab.load_records(folder)), "the job was cancelled too late"
+                   for r in common.load_records(folder)), "the job was cancelled too late"
     [checkpoint] = folder.glob("*s1-*.ckpt")
     stopped_at = torch.load(checkpoint, weights_only=True)["run"]["step"]
-    [again] = lab.submit_sweep("tiny", "cpu", cluster="local", time_min=10)
+    [again] = submit()
     second = Path(again.result())
-    records = {r["seed"]: r for r in lab.load_records(folder)}
+    records = {r["seed"]: r for r in common.load_records(folder)}
     assert first.read_text() == before and records[1]["steps"] == 3000
     assert [r["step"] for r in records[1]["resumed"]] == [stopped_at] and stopped_at > 0
-    assert second == train.record_path(lab.make_config(**dict(
-        lab.sweep_runs("tiny", "cpu")[1][1]))) and not list(folder.glob("*.ckpt"))
-    assert lab.submit_sweep("tiny", "cpu", cluster="local") == []      # nothing left
-    delayed = lab.SweepJob().checkpoint({"seed": 1})      # what Slurm's time-out requeues
-    assert isinstance(delayed.function, lab.SweepJob) and delayed.args == ({"seed": 1},)
+    assert second == train.record_path(figure2.make_config(**dict(
+        common.sweep_runs("tiny", cli.SWEEPS["tiny"], "cpu")[1][1])))
+    assert not list(folder.glob("*.ckpt"))
+    assert submit() == []                                              # nothing left
+    delayed = common.SweepJob(figure2.make_config).checkpoint({"seed": 1})   # Slurm's requeue
+    assert isinstance(delayed.function, common.SweepJob) and delayed.args == ({"seed": 1},)
 
 
 def test_device_auto_picks_cuda_then_mps_then_cpu_and_mps_refuses_what_it_lacks(monkeypatch):
@@ -2620,8 +2545,8 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     monkeypatch.chdir(tmp_path)
     epoch = math.ceil(100_000 / 512)
     def record(folder, lr, valid, test, epochs, d=64, loss=1.0):
-        c = lab.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
-                              d_model=d, out_dir=f"results/{folder}", progress=False)
+        c = figure2.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
+                                d_model=d, out_dir=f"results/{folder}", progress=False)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
                     "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
         train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
@@ -2630,17 +2555,17 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     record("fig2_pilot", 1e-2, valid=0.4, test=0.9, epochs=3)
     record("fig2_pilot", 2.15e-3, valid=0.5, test=0.3, epochs=3)
     chosen = lambda: [(row.split(" | ")[2], row.split(" | ")[8])
-                      for row in lab.markdown_table("fig2_pilot").splitlines()[2:]]
+                      for row in cli.markdown_table("fig2_pilot").splitlines()[2:]]
     assert chosen() == [("0.00215", "✓"), ("0.01", "")]
-    assert lab.markdown_table("fig2_pilot").splitlines()[2].split(" | ")[3] == ".167 .333 .500"
+    assert cli.markdown_table("fig2_pilot").splitlines()[2].split(" | ")[3] == ".167 .333 .500"
     record("fig2_pilot", 4.64e-4, valid=0.495, test=0.1, epochs=3, loss=0.9)    # a tie
     assert chosen() == [("0.000464", "✓"), ("0.00215", ""), ("0.01", "")]
     record("fig2_epochs", 2.15e-3, valid=0.8, test=0.6, epochs=10, d=128)
-    [row] = lab.markdown_table("fig2_epochs").splitlines()[2:]
+    [row] = cli.markdown_table("fig2_epochs").splitlines()[2:]
     cells = row.strip("| ").split(" | ")
     assert cells[3:] == ["10", "max_steps", ".060 .120 .240 .480 – – – –", ".600", ".800",
                          "0.92", "2.0"]
-    assert lab.main(["--plot=fig2_epochs"]) == 0
+    assert cli.main(["--plot=fig2_epochs"]) == 0
     assert (tmp_path / "results/fig2_epochs.png").exists()
 
 
@@ -2652,8 +2577,8 @@ def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     def record(folder, preset, lr, valid, test, epochs, ended="budget_steps", mixer="base_conv",
                label="as plotted (8486daf)", loss=1.0):
-        c = lab.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
-                              out_dir=f"results/{folder}", progress=False)
+        c = figure2.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
+                                out_dir=f"results/{folder}", progress=False)
         epoch = train.steps_per_epoch(c)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
                     "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
@@ -2666,7 +2591,7 @@ def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monk
            label="base_conv")
     record("fig2_epochs", "figure2", 1e-2, valid=0.99, test=0.99, epochs=2, mixer="attention",
            label="attention", ended="target_reached")
-    rows = [r.strip("| ").split(" | ") for r in lab.markdown_table("fig2_plotted").splitlines()[2:]]
+    rows = [r.strip("| ").split(" | ") for r in cli.markdown_table("fig2_plotted").splitlines()[2:]]
     assert [r[:8] for r in rows] == [
         ["HEAD", "64", "0.01", "2", "512", "0.1", "no", "64"],
         ["as plotted (8486daf)", "64", "0.00215", "8", "1,024", "0.01", "yes", "16 (budget)"],
@@ -2675,11 +2600,11 @@ def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monk
         [".009 .018 .035 .070 .140 .280 .420 .560", ".080", "0.70", "1.0"],
         [".019 .037 .075 .150 .300 – – –", ".500 ✓", "0.70", "1.0"],
         [".056 .113 .225 .450 .900 – – –", ".400", "0.70", "1.0"]]
-    assert lab.plotted_choice(lab.plotted_runs()) == {64: 2.15e-3}
+    assert figure2.plotted_choice(figure2.plotted_runs()) == {64: 2.15e-3}
     record("fig2_plotted", "figure2_plotted", 4.64e-4, valid=0.495, test=0.1, epochs=16,
            loss=0.9)                                           # a tie: the lesser loss
-    assert lab.plotted_choice(lab.plotted_runs()) == {64: 4.64e-4}
-    assert lab.main(["--plot=fig2_plotted"]) == 0
+    assert figure2.plotted_choice(figure2.plotted_runs()) == {64: 4.64e-4}
+    assert cli.main(["--plot=fig2_plotted"]) == 0
     assert (tmp_path / "results/fig2_plotted.png").stat().st_size > 10_000
 
 
@@ -2700,7 +2625,7 @@ def test_reachable_is_where_a_models_output_depends_on_the_key(mixer):
     depends = torch.stack([torch.autograd.grad(hidden[0, i] @ w, embedded[0],
                                                retain_graph=True)[0][0].abs().sum(-1) > 0
                            for i in range(16)])
-    assert torch.equal(depends[lower], lab.reachable(c, q, k)[lower])
+    assert torch.equal(depends[lower], figure6.reachable(c, q, k)[lower])
     assert 0 < depends[lower].sum() <= lower.sum()
 
 
@@ -2716,22 +2641,23 @@ def test_query_key_positions_find_each_querys_key():
 def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
     """FIG2_EPOCHS_LRS is pilot_choice of the committed pilot: every rate of Figure 2's four
     for every model and width, read off the validation split."""
-    records = lab.load_records(REPO / "results" / "fig2_pilot")
-    assert sorted({r["config"]["lr"] for r in records}) == list(lab.PAPER_LRS)
-    assert len(records) == 12 and lab.FIG2_EPOCHS_LRS == lab.pilot_choice(records)
+    records = common.load_records(REPO / "results" / "fig2_pilot")
+    assert sorted({r["config"]["lr"] for r in records}) == list(figure2.PAPER_LRS)
+    assert len(records) == 12 and figure2.FIG2_EPOCHS_LRS == figure2.pilot_choice(records)
 
 
 def test_fig2_plotted_runs_64_epochs_at_the_rate_its_16_epoch_runs_chose_on_validation():
     """FIG2_PLOTTED_LR is plotted_choice of the committed 16-epoch runs as plotted (both of
     their rates there), and the sweep's 64-epoch runs take it at d = 64 and 128."""
-    records = lab.load_records(REPO / "results" / "fig2_plotted")
+    records = common.load_records(REPO / "results" / "fig2_plotted")
     short = [r for r in records if r["config"]["preset"] == "figure2_plotted"
              and r["ended"] == "budget_steps"]
     assert sorted(r["config"]["lr"] for r in short) == [2.15e-3, 1e-2]
-    assert lab.plotted_choice(records) == {64: lab.FIG2_PLOTTED_LR}
-    full = [o for _, o in lab.sweep_runs("fig2_plotted", "cpu") if "budget_steps" not in o]
-    assert [(o["d_model"], o["lr"]) for o in full] == [(64, lab.FIG2_PLOTTED_LR),
-                                                       (128, lab.FIG2_PLOTTED_LR)]
+    assert figure2.plotted_choice(records) == {64: figure2.FIG2_PLOTTED_LR}
+    full = [o for _, o in common.sweep_runs("fig2_plotted", figure2.SWEEPS["fig2_plotted"], "cpu")
+            if "budget_steps" not in o]
+    assert [(o["d_model"], o["lr"]) for o in full] == [(64, figure2.FIG2_PLOTTED_LR),
+                                                       (128, figure2.FIG2_PLOTTED_LR)]
 
 
 def test_a_selective_attention_run_records_the_rows_it_attends_at(tmp_path):
@@ -2758,9 +2684,9 @@ def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):
                               out_dir="results/fig2_lr")
         train.save_record({**fake_record(lr, seed, acc, acc), "config": dataclasses.asdict(c)},
                           train.record_path(c))
-    [row] = lab.markdown_table("fig2_lr").splitlines()[2:]
+    [row] = cli.markdown_table("fig2_lr").splitlines()[2:]
     assert row == "| h3 | .950 .250 | .910 .900 | 2/4 |"
-    assert lab.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
+    assert cli.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
 
 
 # two records of f2 (schema 1), one of hybrids and one of fig6, each with its first
@@ -2813,18 +2739,18 @@ def test_cells_count_seeds_by_run_choose_the_lr_on_validation_only_and_give_a_t_
     records = ([fake_record(1e-3, s, 0.9, 0.5) for s in range(3)]
                + [fake_record(3e-3, s, a, 0.6) for s, a in enumerate((0.4, 0.5, 0.6))]
                + [fake_record(3e-3, 0, 0.2, 0.1, d_model=128)])
-    rows = lab.cells(records)
+    rows = common.cells(records)
     assert [(r["d_model"], r["lr"], r["seeds"]) for r in rows] == [(64, 3e-3, 3), (128, 3e-3, 1)]
     assert math.isclose(rows[0]["test_acc"], 0.5)
     assert math.isclose(rows[0]["interval"], 4.30265273 * 0.1 / math.sqrt(3), rel_tol=1e-8)
     assert math.isnan(rows[1]["interval"])
     records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(3e-3, 1, 0.5, 0.5, max_steps=100)]
     with pytest.raises(ValueError, match="differ in max_steps, not only in their seed"):
-        lab.cells(records)
+        common.cells(records)
     records = [fake_record(3e-3, 0, 0.5, 0.5), fake_record(1e-3, 0, 0.9, 0.4)]
     del records[1]["valid_acc"]
     with pytest.raises(ValueError, match="the lr is chosen on validation only"):
-        lab.cells(records)
+        common.cells(records)
 
 
 @pytest.mark.parametrize("dof, quantile", [(1, 12.70620474), (2, 4.30265273), (5, 2.57058184),
@@ -2832,7 +2758,7 @@ def test_cells_count_seeds_by_run_choose_the_lr_on_validation_only_and_give_a_t_
 def test_t_quantile_is_students(dof, quantile):
     """The 97.5% quantile of Student's t against published values (to 8 decimals), and its
     defining property P(|T| < t) = 0.95 by a Monte Carlo check at dof = 5."""
-    assert math.isclose(lab.t_quantile(0.975, dof), quantile, rel_tol=1e-8)
+    assert math.isclose(common.t_quantile(0.975, dof), quantile, rel_tol=1e-8)
     if dof == 5:
         torch.manual_seed(0)
         t = torch.distributions.StudentT(5.0).sample((400_000,))
@@ -2842,10 +2768,10 @@ def test_t_quantile_is_students(dof, quantile):
 def test_help_names_every_sweep(capsys):
     """`python -m experiments --help` (the lab's docstring) lists every sweep of SWEEPS by
     name; `python train.py --help` names the lab's command."""
-    assert lab.main(["--help"]) == 0
+    assert cli.main(["--help"]) == 0
     usage = capsys.readouterr().out.split("--sweep=NAME", 1)[1].split("--plot", 1)[0]
     named = set(re.findall(r"\w+", usage))
-    assert set(lab.SWEEPS) <= named, sorted(set(lab.SWEEPS) - named)
+    assert set(cli.SWEEPS) <= named, sorted(set(cli.SWEEPS) - named)
     assert train.main(["--help"]) == 0 and "python -m experiments --help" in capsys.readouterr().out
 
 
@@ -2869,7 +2795,7 @@ def test_every_committed_record_is_named_by_its_run_today():
     folders = {p.parent for p in (REPO / "results").glob("*/*.json")} - {REPO / "results/runs"}
     assert len(folders) >= 15
     for folder in sorted(folders):
-        assert lab.load_records(folder), folder
+        assert common.load_records(folder), folder
 
 
 # sweeps still training (across sessions, from their checkpoints): their records so far
@@ -2880,9 +2806,9 @@ def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
     lines write today: no file under an old name, no run missing, none extra; a sweep
     still training (PENDING_SWEEPS) has some of them, not all."""
-    for name in lab.SWEEPS:
-        want = {REPO / train.record_path(lab.make_config(**overrides))
-                for _, overrides in lab.sweep_runs(name, "cpu")}
+    for name in cli.SWEEPS:
+        want = {REPO / train.record_path(figure2.make_config(**overrides))
+                for _, overrides in common.sweep_runs(name, cli.SWEEPS[name], "cpu")}
         have = set((REPO / "results" / name).glob("*.json"))
         if name in PENDING_SWEEPS:
             assert have < want, (name, "finished: take it out of PENDING_SWEEPS"
@@ -2903,10 +2829,10 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
                         seq_len=N, **base)
         train.save_record(r, train.record_path(train.Config(**r["config"])))
     figures, save = [], train.save_figure
-    for module in (train, lab):
+    for module in (train, figure2):
         monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or
                             save(fig, path))
-    _, paths = lab.plot_sweep("fig2")
+    _, paths = figure2.plot_fig2()
     assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True, True]
     for fig in figures[:2]:                                  # accuracy, and against state
         legend = fig.axes[-1].get_legend()                   # the last panel's
@@ -2927,7 +2853,7 @@ def drawn_figures(monkeypatch):
         fig.canvas.draw()
         figures.append(fig)
         return path
-    for module in (train, lab):               # train.py's plot_curves, the lab's figures
+    for module in (train, figure2, lm):       # train.py's plot_curves, the lab's figures
         monkeypatch.setattr(module, "save_figure", keep)
     return figures
 
@@ -3014,7 +2940,7 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
     (the curves also the seed) and fits in its figure."""
     monkeypatch.chdir(REPO)
     figures = drawn_figures(monkeypatch)
-    lab.plot_sweep(name)
+    cli.CELL_SWEEPS[name][1](name)
     accuracy, state, curves = figures
     for fig in (accuracy, state):
         assert not spots_shared(fig), spots_shared(fig)
@@ -3039,7 +2965,7 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
     for panel, model, d in PAPER_CELLS[name]:
         ax = panels[panel]
         N = int(re.search(r"N = (\d+)", panel).group(1)) if "N = " in panel else 64
-        value = lab.PAPER_FIG2[model][N][(64, 128, 256, 512).index(d)]
+        value = figure2.PAPER_FIG2[model][N][(64, 128, 256, 512).index(d)]
         names = [t.get_text() for t in ax.get_xticklabels()]
         bars = any(type(c).__name__ == "BarContainer" for c in ax.containers)
         x = names.index(model) if bars else d
@@ -3057,14 +2983,14 @@ def test_sweep_scale_names_the_grid_that_lists_every_record():
     """A figure's title names the scale whose grid lists the records: runs of the fig2 paper
     grid are "paper" (checked after the smaller cpu grid), of its cpu grid "cpu", a mix of
     the two or a run of neither ""."""
-    record = lambda scale, i: {"config": dataclasses.asdict(lab.make_config(
-        **lab.sweep_runs("fig2", scale)[i][1]))}
+    record = lambda scale, i: {"config": dataclasses.asdict(figure2.make_config(
+        **common.sweep_runs("fig2", figure2.SWEEPS["fig2"], scale)[i][1]))}
     paper, cpu = [record("paper", i) for i in (0, -1)], [record("cpu", i) for i in (0, -1)]
     other = {"config": dataclasses.asdict(train.make_config(seq_len=48))}
-    assert lab.sweep_scale("fig2", paper) == "paper"
-    assert lab.sweep_scale("fig2", cpu) == "cpu"
-    assert lab.sweep_scale("fig2", paper[:1] + cpu[:1]) == ""
-    assert lab.sweep_scale("fig2", cpu + [other]) == ""
+    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], paper) == "paper"
+    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], cpu) == "cpu"
+    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], paper[:1] + cpu[:1]) == ""
+    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], cpu + [other]) == ""
 
 
 def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch):
@@ -3073,7 +2999,7 @@ def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch
     and that the steps are at most, and counts no missing run."""
     monkeypatch.chdir(REPO)
     figures = drawn_figures(monkeypatch)
-    lab.plot_lr("fig2_lr")
+    figure2.plot_lr("fig2_lr")
     fig, = figures
     for ax in fig.axes:
         if ax.get_title():
@@ -3092,7 +3018,7 @@ def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
     another model's), Figure 2's value of each run's cell a dotted line in that colour."""
     monkeypatch.chdir(REPO)
     figures = drawn_figures(monkeypatch)
-    lab.plot_epochs("fig2_epochs")
+    figure2.plot_epochs("fig2_epochs")
     ax, = figures[0].axes
     runs = [line for line in ax.lines if line.get_marker() not in (None, "None", "")]
     assert len(runs) == 3
@@ -3115,28 +3041,28 @@ def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
     monkeypatch.chdir(REPO)
     figures = drawn_figures(monkeypatch)
     summary = json.loads((REPO / "results" / "lm.json").read_text())
-    lab.plot_lm(summary["rows"], "lm.png", "800 steps")
-    lab.plot_lm_curves(summary["rows"], summary["tokens_per_step"], "lm_curves.png",
-                         "800 steps")
+    lm.plot_lm(summary["rows"], "lm.png", "800 steps")
+    lm.plot_lm_curves(summary["rows"], summary["tokens_per_step"], "lm_curves.png",
+                      "800 steps")
     bars, curves = figures
     ax = bars.axes[0]
     labels = list(dict.fromkeys(r["label"] for r in summary["rows"]))
     patches = [p for p in ax.patches if p.get_width() > 0]
     assert len(patches) == 3 * len(labels)
     for i, p in enumerate(patches):
-        name = lab.LM_LABELS.get(labels[i % len(labels)], labels[i % len(labels)])
+        name = lm.LM_LABELS.get(labels[i % len(labels)], labels[i % len(labels)])
         assert matplotlib.colors.same_color(p.get_facecolor()[:3], train.model_color(name)[:3])
     for j, label in enumerate(labels):
-        for i, value in enumerate(lab.PAPER_TABLE1.get(label, ())):
+        for i, value in enumerate(lm.PAPER_TABLE1.get(label, ())):
             assert has_point(crosses(ax), j + 0.27 * (i - 1), value), (label, i)
     legend = " ".join(t.get_text() for t in curves.axes[0].get_legend().get_texts())
     for label in labels:
-        if label in lab.PAPER_TABLE1:
-            assert f"{lab.PAPER_TABLE1[label][0]:.2f}" in legend, label
+        if label in lm.PAPER_TABLE1:
+            assert f"{lm.PAPER_TABLE1[label][0]:.2f}" in legend, label
     for fig in figures:
         assert not clipped_texts(fig), clipped_texts(fig)
-    lab.plot_lm_curves([dict(r, curve=[]) for r in summary["rows"]],    # no validation split
-                         summary["tokens_per_step"], "lm_curves.png", "800 steps")
+    lm.plot_lm_curves([dict(r, curve=[]) for r in summary["rows"]],    # no validation split
+                      summary["tokens_per_step"], "lm_curves.png", "800 steps")
     assert "no validation split" in figures[-1].axes[0].texts[0].get_text()
 
 
@@ -3147,25 +3073,26 @@ def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monke
     figure; its title says the scale, budget and seed, and it marks the paper's Figure 2
     values of its two cells (train.MAIN_FIGURE2, the lab's PAPER_FIG2 at N = d = 64)."""
     committed = {train.identity(train.Config(**r["config"])): r
-                 for r in lab.load_records(REPO / "results" / "main")}
-    assert train.MAIN_FIGURE2 == {label: lab.PAPER_FIG2[label][64][0] for label in
+                 for r in common.load_records(REPO / "results" / "main")}
+    assert train.MAIN_FIGURE2 == {label: figure2.PAPER_FIG2[label][64][0] for label in
                                   train.MAIN_MODELS}
     monkeypatch.setattr(train, "train", lambda config: committed[train.identity(config)])
     monkeypatch.chdir(tmp_path)
     assert train.main([]) == 0
     job = tmp_path / "results" / "runs" / "main.png"
-    direct = lab.curves_figure(list(committed.values()), str(tmp_path / "direct.png"))
+    direct = figure2.curves_figure(list(committed.values()), str(tmp_path / "direct.png"),
+                                   cli.SWEEPS["main"])
     assert job.read_bytes() == Path(direct).read_bytes()
     from matplotlib.testing.compare import compare_images
     assert compare_images(str(REPO / "results" / "main.png"), str(job), tol=2) is None
     figures = drawn_figures(monkeypatch)
-    lab.curves_figure(list(committed.values()), "main.png")
+    figure2.curves_figure(list(committed.values()), "main.png", cli.SWEEPS["main"])
     title = title_of(figures[0])
     assert "main at cpu scale" in title and "at most 1,000 steps of 128" in title, title
     assert "seed 0" in title and "hollow" in title
     paper = {round(line.get_ydata()[0], 2) for line in figures[0].axes[0].lines
              if line.get_linestyle() == ":"}
-    assert paper == {lab.PAPER_FIG2["attention"][64][0], lab.PAPER_FIG2["base_conv"][64][0]}
+    assert paper == {figure2.PAPER_FIG2["attention"][64][0], figure2.PAPER_FIG2["base_conv"][64][0]}
 
 
 @pytest.mark.parametrize("mixer", list(MIXERS))
@@ -3374,11 +3301,11 @@ def test_width_trend_is_a_permutation_test_of_the_correlation():
     p ≈ 1/20; a trend the other way has p near 1; twelve runs rising with width have a
     p below 0.001."""
     low, high = (.2, .3, .25), (.9, .8, .7)
-    corr, p = lab.width_trend([(32, a) for a in low] + [(128, a) for a in high])
+    corr, p = common.width_trend([(32, a) for a in low] + [(128, a) for a in high])
     assert corr > 0.9 and abs(p - 1 / 20) < 0.01
-    assert lab.width_trend([(32, a) for a in high] + [(128, a) for a in low])[1] > 0.9
+    assert common.width_trend([(32, a) for a in high] + [(128, a) for a in low])[1] > 0.9
     rising = [(d, i / 4 + s / 100) for i, d in enumerate((32, 64, 128, 256)) for s in range(3)]
-    assert lab.width_trend(rising)[1] < 0.001
+    assert common.width_trend(rising)[1] < 0.001
 
 
 def weights_of(model):
@@ -3475,7 +3402,7 @@ def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
 
 
 def test_figure2_preset_is_the_official_sweep():
-    c = lab.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16, lr=1e-3)
+    c = figure2.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16, lr=1e-3)
     assert c.mixer == ",".join(["h3:form=official:d_state=256:head_dim=2"] * 2)
     assert (c.batch_size, c.num_train, c.num_test, c.vocab_size) == (256, 100_000, 3_000, 8192)
     assert c.max_steps == 64 * 391 and c.eval_every == 391 and c.eval_probe == 0
@@ -3483,35 +3410,35 @@ def test_figure2_preset_is_the_official_sweep():
         0.999, 0.1, True, 0.0, 0)
     assert (c.schedule, c.shuffle, c.block, c.init, c.dropout, c.lr) == (
         "cosine_epochs", False, "identity_mlp", "gpt2", 0.1, 1e-3)
-    assert [lab.figure2_batch_size(n) for n in (64, 128, 256, 512)] == [512, 512, 256, 128]
-    c = lab.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
+    assert [figure2.figure2_batch_size(n) for n in (64, 128, 256, 512)] == [512, 512, 256, 128]
+    c = figure2.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
     assert c.mixer == ("base_conv:kernel_size=3:form=official,base_conv:form=official,"
                        "base_conv:kernel_size=3:form=official,base_conv:form=official")
     assert c.batch_size == 64 and c.max_steps == 64 * 196, "given keys win over the preset"
-    c = lab.make_config(preset="figure2", mixer="rwkv")
+    c = figure2.make_config(preset="figure2", mixer="rwkv")
     assert c.mixer == "rwkv:form=official:layer_idx=0,rwkv:form=official:layer_idx=1"
-    c = lab.make_config(preset="figure2", mixer="mamba")
+    c = figure2.make_config(preset="figure2", mixer="mamba")
     assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
     # configs.py: MHA with dropout 0.1 and 1 head; Based after a short BaseConv, feature_dim
     # 8 and 1 head
-    attention = train.LanguageModel(lab.make_config(preset="figure2", mixer="attention"))
+    attention = train.LanguageModel(figure2.make_config(preset="figure2", mixer="attention"))
     assert [(type(b.mixer).__name__, b.mixer.num_heads, b.mixer.dropout)
             for b in attention.blocks] == [("Attention", 1, 0.1)] * 2
-    c = lab.make_config(preset="figure2", mixer="based")
+    c = figure2.make_config(preset="figure2", mixer="based")
     assert c.mixer == "base_conv:kernel_size=3:form=official,based:feature_dim=8"
     based = train.LanguageModel(c).blocks[1].mixer
     assert (type(based).__name__, based.feature_dim, based.num_heads) == ("Based", 8, 1)
-    assert lab.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
-    for name in lab.FIGURE2_MIXERS:                  # every official model builds
-        c = lab.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
+    assert figure2.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
+    for name in figure2.FIGURE2_MIXERS:                  # every official model builds
+        c = figure2.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
         train.LanguageModel(c)
         assert train.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
     with pytest.raises(ValueError, match="preset='fig2'"):
-        lab.make_config(preset="fig2")
+        figure2.make_config(preset="fig2")
     with pytest.raises(ValueError, match="preset='figure2' is not allowed here: choose one of "
                        "cpu .*python -m experiments --preset=figure2"):
         train.make_config(preset="figure2")             # train.py knows only its own
-    hyena = lab.make_config(**train.parse_arguments(["--preset=figure2", "--mixer=hyena"]))
+    hyena = figure2.make_config(**train.parse_arguments(["--preset=figure2", "--mixer=hyena"]))
     assert hyena.mixer.startswith("hyena:form=official")
 
 
@@ -3537,19 +3464,19 @@ def test_figure2_plotted_preset_is_each_plotted_launch():
             ["h3:form=official:d_state=N:head_dim=2"] * 4))}
     for mixer, (n_layers, mlp, activation, batches, layers) in launches.items():
         for N, D, batch in zip((64, 128, 256, 512), (4, 8, 16, 64), batches):
-            c = lab.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
-                                  num_kv_pairs=D, lr=1e-2)
+            c = figure2.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
+                                    num_kv_pairs=D, lr=1e-2)
             assert {k: getattr(c, k) for k in shared} == shared, mixer
             epoch = -(-100_000 // batch)
             assert (c.n_layers, c.mlp, c.mlp_activation, c.batch_size) == (
                 n_layers, mlp, activation, batch), (mixer, N)
             assert (c.max_steps, c.eval_every, c.lr) == (64 * epoch, epoch, 1e-2)
             assert c.mixer == layers.replace("d_state=N", f"d_state={N}")
-    assert lab.make_config(preset="figure2_plotted", mixer="base_conv").max_steps == 6272
-    c = lab.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
+    assert figure2.make_config(preset="figure2_plotted", mixer="base_conv").max_steps == 6272
+    c = figure2.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
     assert c.batch_size == 64 and c.max_steps == 64 * 391, "given keys win over the preset"
     with pytest.raises(ValueError, match="mixer='mamba' is not allowed with preset='figure2_pl"):
-        lab.make_config(preset="figure2_plotted", mixer="mamba")
+        figure2.make_config(preset="figure2_plotted", mixer="mamba")
     with pytest.raises(ValueError, match="mlp_activation='tanh' is not allowed with mlp=False"):
         train.make_config(mlp_activation="tanh")
     with pytest.raises(ValueError, match="mlp_activation='relu' is not allowed"):
@@ -3585,8 +3512,8 @@ def test_figure2_plotted_models_are_the_launches_transcription(mixer):
     """One forward of each plotted model in float64 against the launch's backbone written
     out (plotted_launch_backbone), norms perturbed; the model's own step agrees. Against
     HEAD's identity_mlp block the same weights give another output."""
-    c = lab.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32, num_kv_pairs=2,
-                          vocab_size=256, d_model=16)
+    c = figure2.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32, num_kv_pairs=2,
+                            vocab_size=256, d_model=16)
     torch.manual_seed(0)
     model = train.LanguageModel(c).double().eval()
     perturb_(model, 0.5, only="norm")
@@ -3829,8 +3756,7 @@ def rand(*shape, seed):
 
 
 # ----------------------------------------------------------------------------------------
-# train.py: the programmatic filters trained, language models on real text (Section 3.1),
-# appendix G
+# train.py: the programmatic filters trained
 
 def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
     """Figure 2's lower rows in miniature (Thm 4.5 against Thm 4.4): at d = 32 < N = 64, a
@@ -3845,6 +3771,88 @@ def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
     assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
 
 
+# ----------------------------------------------------------------------------------------
+# experiments/lm.py: the corpus, language models on real text (Section 3.1), appendix G
+
+def test_default_corpus_is_the_standard_library_without_tests():
+    root, files = lm.corpus_files()
+    names = [f.relative_to(root).as_posix() for f in files]
+    assert len(files) > 100 and all(n.endswith(".py") for n in names)
+    assert "os.py" in names and not any(
+        set(n.split("/")[:-1]) & {"test", "tests", "site-packages"} for n in names)
+    assert names == sorted(names)
+
+
+def test_corpus_split_vocabulary_and_encoding(tmp_path):
+    (tmp_path / "a.txt").write_text("x = y\nx = z\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("y y z")
+    (tmp_path / ".hidden").write_text("never read")
+    texts = lm.read_corpus(tmp_path)
+    assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
+    tokens = [lm.TOKEN_PATTERN.findall(t) for _, t in texts]
+    assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
+    tokens[1].append("yz")
+    # characters: y 4, z 3, newline, = and x 2; (7 - 2) // 4 = 1 of them (y); then tokens:
+    # y 3 (in), newline, =, x and z 2 (ties sorted), yz 1 (no room: spelled y z)
+    vocab = lm.build_vocabulary(tokens, 7)
+    assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x", "z"]
+    assert lm.encode(["x", "yz", "q", "y"], vocab).tolist() == [5, 2, 6, 0, 2]
+    names = [f"file{i}.py" for i in range(2000)]
+    valid = [n for n in names if lm.is_validation_file(n)]
+    # pinned: the split is crc32 of the name, the same on every machine and Python (hash()
+    # would change with PYTHONHASHSEED)
+    assert valid[:9] == ["file4.py", "file20.py", "file35.py", "file36.py", "file44.py",
+                         "file51.py", "file52.py", "file78.py", "file99.py"]
+    assert 150 < len(valid) < 250                                           # about 10%
+    assert mqar.scaled_threshold(10_000_000_000) == 1250 and mqar.scaled_threshold(1000) == 1
+
+
+def test_bad_corpus_gets_an_error_naming_the_path(tmp_path):
+    with pytest.raises(ValueError, match="no such file or folder"):
+        lm.read_corpus(tmp_path / "missing")
+    with pytest.raises(ValueError, match="holds no files"):
+        lm.read_corpus(tmp_path)
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="hold no text"):
+        lm.read_corpus(tmp_path)
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00abc")
+    with pytest.raises(ValueError, match="binary.txt.*cannot be read as UTF-8"):
+        lm.read_corpus(tmp_path)
+
+
+@pytest.mark.parametrize("P", [1, 16, 64, 256])
+def test_bigram_recall_sequences(P):
+    ids = torch.arange(100, 2000)
+    N, filler = 1024, 500
+    x, ar, fill = lm.bigram_recall_sequences(ids, 20, P, filler_id=filler, seed=P)
+    assert x.shape == ar.shape == fill.shape == (20, N)
+    assert torch.equal(fill, x == filler) and (fill.sum(1) == N - 4 * P).all()
+    assert (ar.sum(1) == P).all()
+    for row, mask in zip(x.tolist(), ar.tolist()):
+        seen, expected = {}, []
+        for t in range(0, N, 2):
+            if row[t] == filler:
+                assert row[t + 1] == filler
+                continue
+            k, v = row[t], row[t + 1]
+            expected.append(k in seen)
+            if k in seen:
+                assert seen[k] == v, "a repeated key has the same value"
+            seen[k] = v
+            assert mask[t] is False
+        assert len(seen) == P and all(100 <= k < 2000 and k != filler for k in seen)
+        assert len(set(seen.values()) | set(seen)) == 2 * P, "2P distinct ids"
+        assert [mask[t + 1] for t in range(0, N, 2) if row[t] != filler] == expected
+
+
+def test_bigram_recall_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="num_pairs"):
+        lm.bigram_recall_sequences(torch.arange(10_000), 2, 300, filler_id=0)
+    with pytest.raises(ValueError, match="token_ids"):
+        lm.bigram_recall_sequences(torch.arange(10), 2, 8, filler_id=0)
+
+
 def _tiny_corpus(folder):
     """30 small files of Python-like text with repeated names: AR hits in every context."""
     rng = random.Random(0)
@@ -3854,7 +3862,7 @@ def _tiny_corpus(folder):
         lines = [f"{rng.choice(names)} = {rng.choice(names)}({rng.choice(names)})"
                  for _ in range(60)]
         (folder / f"f{i}.py").write_text("\n".join(lines) + "\n")
-    assert any(mqar.is_validation_file(f"f{i}.py") for i in range(30))
+    assert any(lm.is_validation_file(f"f{i}.py") for i in range(30))
     return folder
 
 
@@ -3865,8 +3873,8 @@ LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, ba
 def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_per_token(tmp_path):
     corpus = _tiny_corpus(tmp_path / "corpus")
     c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
-    (x, y), (xt, yt), (xv, yv) = train.make_data(c)
-    train_ids, valid_ids, _ = mqar.corpus_streams(str(corpus), 128)
+    (x, y), (xt, yt), (xv, yv) = lm.lm_data(c)
+    train_ids, valid_ids, _ = lm.corpus_streams(str(corpus), 128)
     assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
     held = torch.from_numpy(valid_ids[:10 * 33]).reshape(10, 33)
@@ -3875,11 +3883,30 @@ def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_
     assert all(f" {' '.join(map(str, row))} " in text
                for row in torch.cat([x[:3], y[:3, -1:]], 1).tolist())
     model = train.LanguageModel(c)
-    nll = lab.token_nll(model, xt, yt, batch_size=3)
+    nll = lm.token_nll(model, xt, yt, batch_size=3)
     assert nll.shape == (8, 32)
     assert math.isclose(nll.mean(), train.labelled_loss(model, xt, yt)[0].item(), rel_tol=1e-5)
     with pytest.raises(ValueError, match="num_test=100000 with num_valid=0 is not allowed"):
-        train.make_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
+        lm.lm_data(train.make_config(corpus=str(corpus), **{**LM_TINY, "num_test": 100_000}))
+
+
+def test_a_language_model_trains_on_the_labs_data_and_train_py_alone_refuses_it(tmp_path):
+    """task="lm": train.train without data refuses it, naming the LM experiment (the corpus
+    is the lab's), and so does python train.py; python -m experiments --task=lm ... (the
+    one-run command a sweep's worker runs) trains on lm_data: the run of train.train given
+    lm_data, step for step."""
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    c = train.make_config(corpus=str(corpus), out_dir=str(tmp_path / "direct"), **LM_TINY)
+    with pytest.raises(ValueError, match="task='lm' is not allowed without its data: the LM "
+                                         r"experiment \(python -m experiments --lm"):
+        train.train(c)
+    args = [f"--corpus={corpus}", *(f"--{k}={v}" for k, v in LM_TINY.items())]
+    assert train.main(args) == 2
+    direct = train.train(c, lm.lm_data(c))
+    assert cli.main([*args, f"--out_dir={tmp_path / 'one_run'}"]) == 0
+    [record] = common.load_records(tmp_path / "one_run")
+    assert record["steps"] == direct["steps"] == 4
+    assert [h["loss"] for h in record["history"]] == [h["loss"] for h in direct["history"]]
 
 
 def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(
@@ -3889,22 +3916,22 @@ def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes
     hits; a second run loads the models instead of training them."""
     corpus = _tiny_corpus(tmp_path / "corpus")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(lab, "LM_LRS", (3e-2, 0.3))     # both chosen, 4 steps
+    monkeypatch.setattr(lm, "LM_LRS", (3e-2, 0.3))      # both chosen, 4 steps
     overrides = {**{k: v for k, v in LM_TINY.items() if k != "progress"}, "num_valid": 4,
                  "corpus": str(corpus)}
-    summary = lab.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
+    summary = lm.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
     rows = summary["rows"]
     assert [(r["label"], r["seed"]) for r in rows] == [
-        (label, seed) for label in lab.LM_MODELS for seed in lab.LM_SEEDS]
+        (label, seed) for label in lm.LM_MODELS for seed in lm.LM_SEEDS]
     assert all(r["steps"] == 4 and 0 < r["ar_tokens"] < r["tokens"] == 8 * 32 for r in rows)
     # the rate: the least validation loss of the first seed's runs, one per rate
     records = {(r["config"]["label"], r["config"]["lr"], r["config"]["seed"]): r
-               for r in lab.load_records(tmp_path / "results" / "lm")}
-    assert len(records) == len(lab.LM_MODELS) * 3        # 2 rates, then the second seed
+               for r in common.load_records(tmp_path / "results" / "lm")}
+    assert len(records) == len(lm.LM_MODELS) * 3        # 2 rates, then the second seed
     for r in rows:
-        losses = [records[r["label"], lr, 0]["valid_loss"] for lr in lab.LM_LRS]
+        losses = [records[r["label"], lr, 0]["valid_loss"] for lr in lm.LM_LRS]
         assert summary["lr_valid_loss"][r["label"]] == losses
-        assert r["lr"] == lab.LM_LRS[losses.index(min(losses))]
+        assert r["lr"] == lm.LM_LRS[losses.index(min(losses))]
         assert r["valid_loss"] == records[r["label"], r["lr"], r["seed"]]["valid_loss"]
         assert [s for s, _ in r["curve"]] == [2, 4]              # every evaluation's loss
     assert len({r["lr"] for r in rows}) == 2, "a choice that never varies tests nothing"
@@ -3925,13 +3952,14 @@ def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes
     assert counts == sorted(counts) and counts[ts.index(10 ** 6)] == rows[0]["ar_tokens"]
     assert all(r["ppl_ar_by_threshold"][ts.index(10 ** 6)] == r["ppl_ar"] for r in rows)
     assert all([g["num_pairs"] for g in r["appendix_g"]] == [2, 4, 8] for r in rows)
-    tables = lab.lm_tables(summary)
+    tables = lm.lm_tables(summary)
     assert len(tables[""].splitlines()) == 2 + len(rows)
-    assert len(tables["lr"].splitlines()) == 2 + len(lab.LM_MODELS)
+    assert len(tables["lr"].splitlines()) == 2 + len(lm.LM_MODELS)
     assert len(list((tmp_path / "results" / "lm").glob("*.pt"))) == len(records)
-    assert all(p.stat().st_size > 5000 for p in lab.lm_outputs("results/lm")[1:])
-    monkeypatch.setattr(lab, "train", lambda config: pytest.fail("retrained a finished model"))
-    again = lab.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
+    assert all(p.stat().st_size > 5000 for p in lm.lm_outputs("results/lm")[1:])
+    monkeypatch.setattr(lm, "train",
+                        lambda config, data: pytest.fail("retrained a finished model"))
+    again = lm.run_lm_experiment(overrides, threshold=10 ** 6, g_samples=4)
     assert [r["ppl"] for r in again["rows"]] == [r["ppl"] for r in rows]
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
@@ -3939,14 +3967,14 @@ def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes
     before = (tmp_path / "results" / "lm.json").read_text()
     with pytest.raises(ValueError, match="num_valid=0 is not allowed while the experiment "
                                          "chooses among 3 learning rates"):
-        lab.run_lm_experiment({**overrides, "num_valid": 0})
-    short = lab.run_lm_experiment({**overrides, "num_valid": 0, "lr": 1e-3, "seed": 5,
-                                     "max_steps": 2, "out_dir": "results/lm_short"},
-                                    threshold=10 ** 6, g_samples=4)
+        lm.run_lm_experiment({**overrides, "num_valid": 0})
+    short = lm.run_lm_experiment({**overrides, "num_valid": 0, "lr": 1e-3, "seed": 5,
+                                  "max_steps": 2, "out_dir": "results/lm_short"},
+                                 threshold=10 ** 6, g_samples=4)
     assert (tmp_path / "results" / "lm.json").read_text() == before
     assert {(r["lr"], r["seed"], r["steps"]) for r in short["rows"]} == {(1e-3, 5, 2)}
     assert all(math.isnan(r["valid_loss"]) and r["curve"] == [] for r in short["rows"])
-    assert all(p.exists() for p in lab.lm_outputs("results/lm_short"))
+    assert all(p.exists() for p in lm.lm_outputs("results/lm_short"))
     out = subprocess.run([*LAB, "--lm", "--mixer=h3"], capture_output=True, text=True,
                          cwd=tmp_path, env=LAB_ENV)
     assert out.returncode == 2 and "--mixer is not allowed with --lm" in out.stderr
@@ -3959,19 +3987,19 @@ def test_gap_share_is_shown_only_where_there_is_a_gap():
     """Section 3.1's share needs a model worse than attention; one at or below it has no gap
     to attribute, and the table says so instead of printing a ratio of two negatives. Each
     seed's share is against attention of the same seed."""
-    assert lab.gap_share_text(0.8, 12.0, 11.0) == "80%"
-    assert lab.gap_share_text(0.8, 10.0, 11.0) == "no gap"
-    assert lab.gap_share_text(float("nan"), 11.0, 11.0) == ""
+    assert lm.gap_share_text(0.8, 12.0, 11.0) == "80%"
+    assert lm.gap_share_text(0.8, 10.0, 11.0) == "no gap"
+    assert lm.gap_share_text(float("nan"), 11.0, 11.0) == ""
     row = lambda label, seed, ppl, share: dict(
         label=label, seed=seed, lr=1e-3, n_params=1, steps=4, train_time_s=1.0, final_loss=2.5,
         valid_loss=None, ppl=ppl, ppl_ar=7.0, ppl_other=12.5, ar_tokens=3, tokens=9,
         ar_share=share, ppl_ar_by_threshold=[7.0], appendix_g=[dict(num_pairs=2, ppl_ar=30.0)])
     rows = [row("attention", 0, 11.0, None), row("attention", 1, 13.0, None),
             row("h3", 0, 12.0, 0.5), row("h3", 1, 12.0, 0.5)]
-    tables = lab.lm_tables(dict(corpus="c", threshold=1, train_tokens=100, rows=rows,
-                                  lrs=[1e-3, 1e-2], seeds=[0, 1],
-                                  lr_valid_loss=dict(attention=[2.0, None], h3=[2.5, 2.75]),
-                                  thresholds=[dict(threshold=1, ar_tokens=3)]))
+    tables = lm.lm_tables(dict(corpus="c", threshold=1, train_tokens=100, rows=rows,
+                               lrs=[1e-3, 1e-2], seeds=[0, 1],
+                               lr_valid_loss=dict(attention=[2.0, None], h3=[2.5, 2.75]),
+                               thresholds=[dict(threshold=1, ar_tokens=3)]))
     lines = [line.split(" | ") for line in tables[""].splitlines()[2:]]
     assert [line[12] for line in lines] == ["", "", "50%", "no gap"]         # gap due to AR
     assert lines[2][7] == "–" and "12.06 / 6.75 / 12.60" in lines[2][13]    # Table 1's H3
@@ -3991,8 +4019,8 @@ def test_appendix_g_scores_the_ar_and_filler_tokens():
     oracle = lambda x: 30.0 * F.one_hot(torch.roll(x, -1, 1), V).float()     # reads ahead
     uniform = lambda x: torch.zeros(*x.shape, V)
     fill_only = lambda x: 30.0 * F.one_hot(torch.full_like(x, filler), V).float()
-    rows = {name: lab.appendix_g(fn, ids, filler, (2, 8), num_samples=6, seq_len=N,
-                                   batch_size=4)
+    rows = {name: lm.appendix_g(fn, ids, filler, (2, 8), num_samples=6, seq_len=N,
+                                batch_size=4)
             for name, fn in [("oracle", oracle), ("uniform", uniform), ("fill", fill_only)]}
     assert [r["ar_tokens"] for r in rows["oracle"]] == [6 * 2, 6 * 8]
     for name, want in (("oracle", 1.0), ("uniform", V)):
@@ -4021,10 +4049,10 @@ def test_appendix_g_runs_on_a_tiny_hugging_face_model_saved_offline(kind, tmp_pa
                                          context_length=128, bos_token_id=0, eos_token_id=0)
         model = transformers.RwkvForCausalLM(config)
     model.save_pretrained(tmp_path / kind)
-    logits_fn, ids, filler = lab.hf_causal_lm(str(tmp_path / kind))
+    logits_fn, ids, filler = lm.hf_causal_lm(str(tmp_path / kind))
     assert filler not in (1, 2) if kind == "llama" else filler == 1
     assert len(ids) == V - (2 if kind == "llama" else 1)
-    rows = lab.appendix_g(logits_fn, ids, filler, (2, 4), num_samples=4, seq_len=64)
+    rows = lm.appendix_g(logits_fn, ids, filler, (2, 4), num_samples=4, seq_len=64)
     assert [r["num_pairs"] for r in rows] == [2, 4]
     assert all(V / 3 < r[k] < 3 * V for r in rows for k in ("ppl_ar", "ppl_filler"))
 
@@ -4032,7 +4060,7 @@ def test_appendix_g_runs_on_a_tiny_hugging_face_model_saved_offline(kind, tmp_pa
 def test_hf_without_transformers_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)            # import fails
     with pytest.raises(ValueError, match=r"transformers.*pip install transformers==5\.24\.0"):
-        lab.hf_causal_lm("any/model")
+        lm.hf_causal_lm("any/model")
 
 
 # ----------------------------------------------------------------------------------------
@@ -4333,7 +4361,7 @@ README_TABLE = re.compile(r"^<!-- python -m experiments --table=(\S+) -->\n((?:\
 def printed_table(name):
     """What `python -m experiments --table=NAME` prints from the committed records (once a run)."""
     with contextlib.chdir(REPO):
-        return lab.markdown_table(name)
+        return cli.markdown_table(name)
 
 
 # the README's tables that are not a command's output, by their first column: what files
@@ -4427,7 +4455,7 @@ def test_readme_main_command_solves_mqar(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "wrote results/runs/main.png" in out.stdout and not (tmp_path / "results/main").exists()
     records = {r["config"]["label"]: r for r in
-               lab.load_records(tmp_path / "results" / "runs" / "main")}
+               common.load_records(tmp_path / "results" / "runs" / "main")}
     assert set(records) == {"attention", "base_conv"}
     assert records["attention"]["ended"] == "target_reached"        # on validation, so
     assert records["attention"]["valid_acc"] > 0.99 and records["attention"]["test_acc"] > 0.98

@@ -45,8 +45,6 @@ import time
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 # on an Apple GPU, an op that mps lacks runs on the CPU (with a warning) instead of failing;
 # read once, when torch is imported (resolve_device)
 os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
@@ -57,7 +55,7 @@ from tqdm import tqdm
 
 from mixers import (MIXERS, OFFICIAL_FORMS, OfficialSelectiveAttention, SelectiveAttention,
                     build_mixer, check_choice, mixer_class)
-from mqar import IGNORE, corpus_streams, multiquery_ar
+from mqar import IGNORE, multiquery_ar
 
 
 # ----------------------------------------------------------------------------------------
@@ -81,7 +79,7 @@ class Config:
     task: str = "mqar"                # "mqar", or "lm": next-token prediction on real text
                                       # (Section 3.1; run_lm_experiment)
     corpus: str = ""                  # task "lm": a file or folder of text; "" is the Python
-                                      # standard library's source (mqar.corpus_streams)
+                                      # standard library's source (experiments/lm.py)
     vocab_size: int = 8192
     seq_len: int = 64
     num_kv_pairs: int = 4
@@ -145,7 +143,7 @@ class Config:
 
 # name -> (the preset's values for a config, the per-layer forms of the mixers it names):
 # train.py has "cpu", the Config defaults; the Figure 2 presets are the lab's
-# (experiments/lab.py: PRESETS), which passes them to make_config
+# (experiments/figure2.py: PRESETS), which passes them to make_config
 PRESETS = {"cpu": (lambda config: {}, {})}
 
 
@@ -694,10 +692,13 @@ def record_path(config):
 
 
 def make_data(config):
-    """Train, test and validation sets as (inputs, labels); "lm": lm_data. MQAR from disjoint
-    seeds: 2·seed, 2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31)."""
+    """Train, test and validation sets of MQAR as (inputs, labels), from disjoint seeds:
+    2·seed, 2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31). A
+    language model's data (task "lm") are the lab's, which passes them to train."""
     if config.task == "lm":
-        return lm_data(config)
+        raise ValueError("task='lm' is not allowed without its data: the LM experiment "
+                         "(python -m experiments --lm, or one model: python -m experiments "
+                         "--task=lm ...) reads the corpus and passes it to train")
     return tuple(mqar_split(config, split) for split in ("train", "test", "valid"))
 
 
@@ -709,27 +710,10 @@ def mqar_split(config, split):
     return multiquery_ar(n, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=seed)
 
 
-def lm_data(config):
-    """Contexts of seq_len + 1 tokens of the corpus, as (inputs, the next tokens): num_train
-    windows at random offsets of the training files' stream (numpy seed 2·seed), then
-    num_test and num_valid consecutive windows of the validation files' stream."""
-    c = config
-    train_ids, valid_ids, _ = corpus_streams(c.corpus or None, c.vocab_size)
-    T = c.seq_len + 1
-    starts = np.random.default_rng(2 * c.seed).integers(0, len(train_ids) - T + 1, c.num_train)
-    n = len(valid_ids) // T
-    if c.num_test + c.num_valid > n:
-        raise ValueError(f"num_test={c.num_test} with num_valid={c.num_valid} is not allowed: "
-                         f"the validation files of corpus={c.corpus!r} hold {n} contexts of "
-                         f"seq_len + 1 = {T} tokens")
-    held = torch.from_numpy(valid_ids[:n * T].reshape(n, T))
-    pairs = lambda contexts: (contexts[:, :-1], contexts[:, 1:])
-    return (pairs(torch.from_numpy(train_ids[starts[:, None] + np.arange(T)])),
-            pairs(held[:c.num_test]), pairs(held[c.num_test:c.num_test + c.num_valid]))
-
-
-def train(config):
-    """Train one model; return its record (also written to out_dir as JSON).
+def train(config, data=None):
+    """Train one model; return its record (also written to out_dir as JSON). `data`: its
+    (train, test, valid) sets as (inputs, labels) pairs, by default make_data(config) (MQAR;
+    the lab's LM experiment passes a corpus's).
 
     Every random draw of a run (the init, dropout, the batch order) comes from generators
     seeded by `seed` (seeded_rng, BatchOrder), never from the caller's: a run is the same run
@@ -749,7 +733,8 @@ def train(config):
     start = time.perf_counter()
     # every split moves to the device once, so that batches are cut there (on a GPU, no
     # host-to-device copy per step)
-    (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in make_data(c))
+    (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in
+                                       (make_data(c) if data is None else data))
     with seeded_rng(c.seed, device), stop_requests() as stop_requested:
         model = LanguageModel(c).to(device)
         optimizer = make_optimizer(model, c)
@@ -1039,10 +1024,11 @@ def save_record(record, path):
 # one run from the command line (python train.py --key=value ... [--seeds=COUNT]), and
 # the line that summarizes its seeds
 
-def run_command(flags, rest, presets=None):
+def run_command(flags, rest, presets=None, data=None):
     """--key=value ... [--seeds=COUNT]: one run (or COUNT seeds of it, then a summary line),
     its settings from the preset's (make_config: train.py's own, or the lab's `presets`)
-    and `rest`. Returns the exit status."""
+    and `rest`, its data data(config) (the lab's, for a language model; None: make_data's).
+    Returns the exit status."""
     n_seeds = _positive_flag(flags, "seeds", 1)
     config = make_config(presets=presets, **parse_arguments(rest))
     records = []
@@ -1054,7 +1040,7 @@ def run_command(flags, rest, presets=None):
             records.append(done)
             continue
         try:
-            records.append(train(run))
+            records.append(train(run, data(run) if data else None))
         except KeyboardInterrupt:
             print(f"interrupted; record written to {path}", file=sys.stderr)
             return 130

@@ -1,1 +1,2 @@
-"""The lab: the paper's experiments, run on train.py, mixers.py and mqar.py (lab.py)."""
+"""The lab: the paper's experiments, one file each, run on train.py, mixers.py and mqar.py
+(cli.py: the command line; common.py: what the experiments share)."""

@@ -1,6 +1,6 @@
-"""python -m experiments ...: the lab's command line (experiments/lab.py, main)."""
+"""python -m experiments ...: the lab's command line (experiments/cli.py, main)."""
 import sys
 
-from experiments.lab import main
+from experiments.cli import main
 
 sys.exit(main(sys.argv[1:]))
