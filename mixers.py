@@ -729,7 +729,11 @@ class BaseConv(Mixer):
     def step(self, x_t, state=None):
         past, position = (None, x_t.new_zeros(x_t.shape[0], 1, dtype=torch.long)) \
             if state is None else state                                      # position (B, 1)
-        y, past = self._mix(x_t[:, None], past, int(position[0]))
+        # each row's bias rows by indexing with its position, not int(position): no read of a
+        # value to the host, so step runs on any device, PyTorch's meta device included (a
+        # position past seq_len is out of the biases' range, as forward refuses T > seq_len)
+        y, past = base_conv(x_t[:, None], self.proj.weight.T, self.b1[position], self.filter(),
+                            self.b2[position], self.impl, past)
         return y[:, 0], (past, position + 1)
 
     def state_size(self, t):
