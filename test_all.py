@@ -412,32 +412,10 @@ def make_mixer(name, d=16, T=24, dtype=F64, seed=0, **kwargs):
     return mixers.build_mixer(name, d, T, **kwargs).to(dtype)
 
 
-def token_ids(x, c=4):
-    """Fixed token ids (B, T) for the mixers that take them, from c ids so that they repeat."""
-    return torch.randint(0, c, x.shape[:2], generator=torch.Generator().manual_seed(0))
-
-
-def mix(mixer, x):
-    """mixer(x), with token_ids(x) for a mixer that takes token ids; torch's generator
-    seeded first (the random selection control draws its rows from it)."""
-    torch.manual_seed(0)
-    return mixer(x, tokens=token_ids(x)) if mixer.takes_tokens else mixer(x)
-
-
-def run_steps(mixer, x, **per_token):
-    """Run `step` over a whole sequence; returns (outputs (B, T, d), states after each t).
-
-    per_token: extra (B, T) inputs handed to step one position at a time (token ids);
-    token_ids(x) by default for a mixer that takes token ids."""
-    if mixer.takes_tokens and not per_token:
-        per_token = {"token": token_ids(x)}
-    torch.manual_seed(0)                                          # as mix
-    state, ys, states = None, [], []
-    for t in range(x.shape[1]):
-        y, state = mixer.step(x[:, t], state, **{k: v[:, t] for k, v in per_token.items()})
-        ys.append(y)
-        states.append(state)
-    return torch.stack(ys, 1), states
+# mixer(x) with token ids for a mixer that takes them, torch's generator seeded for the call
+# (the random selective-attention control draws its rows from it); `step` over a whole
+# sequence, (outputs (B, T, d), states after each t): the mixer contract's own (check_mixer)
+mix, run_steps = mixers.seeded_forward, mixers.seeded_steps
 
 
 def perturb_(module, scale, only=""):
@@ -488,40 +466,15 @@ IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 # mixers.py: properties every mixer must have, over CASES
 
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-def test_mixer_is_causal(name, kw):
-    m = make_mixer(name, **kw).eval()
-    x = torch.randn(2, 24, 16, dtype=F64)
-    for t in (0, 7, 23):
-        x2 = x.clone()
-        x2[:, t] += torch.randn(2, 16, dtype=F64)
-        y, y2 = mix(m, x), mix(m, x2)
-        assert torch.allclose(y[:, :t], y2[:, :t], atol=1e-12, rtol=0)
-        if t < 23:  # (the random selective-attention control may drop the last row)
-            assert not torch.allclose(y[:, t:], y2[:, t:]), "the change must be seen"
-
-
-@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-@pytest.mark.parametrize("dtype,tol", [(F64, 1e-10), (torch.float32, 1e-5)])
-def test_mixer_step_equals_forward(name, kw, dtype, tol):
-    m = make_mixer(name, dtype=dtype, **kw).eval()
-    x = torch.randn(3, 24, 16, dtype=dtype)
-    with torch.no_grad():
-        ys, _ = run_steps(m, x)
-        y = mix(m, x)
-    assert y.dtype == ys.dtype == dtype
-    assert torch.allclose(ys, y, atol=tol, rtol=tol), (ys - y).abs().max()
-
-
-@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-def test_mixer_state_size_is_the_real_state(name, kw):
-    m = make_mixer(name, **kw).eval()
-    with torch.no_grad():
-        _, states = run_steps(m, torch.randn(2, 24, 16, dtype=F64))
-    for t in (1, 2, 5, 24):
-        state = states[t - 1]
-        assert all(s.shape[0] == 2 for s in state), "batch is dimension 0 of every state"
-        assert mixers.state_numel(state) == m.state_size(t)
-    assert m.state_size(0) == 0, "state=None before the first token"
+def test_every_mixer_keeps_the_mixer_contract(name, kw):
+    """mixers.check_mixer, the check `python mixers.py --check` runs on a mixer of your own:
+    (B, T, d) in and out in float32 and float64, causal (exactly, in float64), batch rows
+    independent, a gradient for every parameter, step == forward token by token, state_size
+    == the numbers step carries, deterministic in eval mode, runs on the meta device. Every
+    mixer here has every part (none absent)."""
+    results = mixers.check_mixer(name, kw, d_model=16, seq_len=24)
+    assert [r.check for r in results] == list(mixers.CONTRACT)
+    assert [r for r in results if r.status != "pass"] == []
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
@@ -569,22 +522,13 @@ def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
         assert torch.allclose(first(fast), first(ref), atol=1e-4), name
 
 
-@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-def test_gradients_reach_every_parameter(name, kw):
-    m = make_mixer(name, dtype=torch.float32, **kw)
-    mix(m, torch.randn(2, 24, 16)).square().sum().backward()
-    for pname, p in m.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
-
-
 @pytest.mark.parametrize("name, form", [(name, "paper") for name in MIXERS] +
                          [(name, "official") for name in mixers.OFFICIAL_FORMS])
 def test_a_registered_mixer_provides_the_interface(name, form):
     """What adding a mixer takes: a Mixer subclass built as cls(d_model, seq_len, **options)
-    with a default for every option, boolean class facts, forward and step on (B, T, d) and
-    (B, d), a tuple state with batch first, no state before the first token, and an
-    aux_loss that is None or a scalar after forward. An official form is a class of its
-    own, not the paper's."""
+    with a default for every option, boolean class facts, an aux_loss that is None or a
+    scalar after forward, and the mixer contract (checked over CASES, where it has a case).
+    An official form is a class of its own, not the paper's."""
     cls = mixers.mixer_class(name, form)
     assert (cls is MIXERS[name]) == (form == "paper") and issubclass(cls, mixers.Mixer)
     d_model, seq_len, *options = inspect.signature(cls).parameters.values()
@@ -592,16 +536,11 @@ def test_a_registered_mixer_provides_the_interface(name, form):
     assert all(p.default is not p.empty for p in options), "every option has a default"
     for fact in ("uses_positions", "takes_tokens", "keeps_own_init", "rescale_out_proj"):
         assert isinstance(getattr(cls, fact), bool), fact
-    # the official selection's default rule (top-k of the whole sequence) has no step
-    m = cls(16, 24, **({"inference": "threshold"}
-                       if cls is mixers.OfficialSelectiveAttention else {}))
-    x, tokens = torch.randn(3, 24, 16), torch.randint(0, 5, (3, 24))
-    extra = {"tokens": tokens} if cls.takes_tokens else {}
-    assert m(x, **extra).shape == (3, 24, 16)
+    m = cls(16, 24)
+    mix(m, torch.randn(3, 24, 16))
     assert m.aux_loss is None or m.aux_loss.shape == ()
-    y_t, state = m.step(x[:, 0], None, **({"token": tokens[:, 0]} if cls.takes_tokens else {}))
-    assert y_t.shape == (3, 16) and isinstance(state, tuple)
-    assert all(s.shape[0] == 3 for s in state) and m.state_size(0) == 0
+    # forward, step and state_size on (B, T, d) and (B, d): the mixer contract, over CASES
+    assert any(n == name and kw.get("form", "paper") == form for n, kw in CASES)
 
 
 @functools.cache
