@@ -543,6 +543,272 @@ def test_a_registered_mixer_provides_the_interface(name, form):
     assert any(n == name and kw.get("form", "paper") == form for n, kw in CASES)
 
 
+# ----------------------------------------------------------------------------------------
+# mixers.py: a mixer of your own, by its path, and the mixer contract on it
+
+# the README's "Bring your own mixer": gated linear attention (Yang et al., 2024), one head,
+# its recurrence written once, in step; any nn.Module built as Class(d_model, seq_len)
+GLA_SOURCE = '''import torch
+import torch.nn as nn
+
+
+class GLA(nn.Module):
+    """Gated linear attention, one head: S_t = diag(a_t) S_(t-1) + k_t v_t^T, y_t = q_t S_t."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.qkv, self.gate = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):                                  # x (B, T, d)
+        state, ys = None, []
+        for t in range(x.shape[1]):
+            y, state = self.step(x[:, t], state)
+            ys.append(y)
+        return torch.stack(ys, 1)
+
+    def step(self, x_t, state=None):                       # x_t (B, d), state (S,): S (B, d, d)
+        q, k, v = self.qkv(x_t).chunk(3, dim=-1)
+        a = torch.sigmoid(self.gate(x_t))                  # a decay per key channel
+        S = k[:, :, None] * v[:, None] + (0 if state is None else a[:, :, None] * state[0])
+        return self.out_proj(torch.einsum("bi,bij->bj", q, S)), (S,)
+
+    def state_size(self, t):
+        return self.out_proj.in_features ** 2 if t else 0
+'''
+# the layers that break the contract, each on top of GLA
+BROKEN_SOURCE = GLA_SOURCE + '''
+
+class Leaky(GLA):
+    """Reads the next token too."""
+
+    def forward(self, x):
+        return super().forward(x + torch.cat([x[:, 1:], x[:, :1] * 0], 1))
+
+
+class Undercount(GLA):
+    """Counts one row of its (d, d) state."""
+
+    def state_size(self, t):
+        return self.out_proj.in_features if t else 0
+
+
+class Sloppy(GLA):
+    """Mixes the rows of a batch, keeps a parameter it does not use, counts its calls, and
+    makes a tensor on the CPU."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__(d_model, seq_len)
+        self.unused, self.calls = nn.Parameter(torch.zeros(d_model)), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x) + x.mean(0) + self.calls + torch.arange(x.shape[1])[:, None]
+
+
+class Wide(nn.Module):
+    """Returns 2d channels."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.proj = nn.Linear(d_model, 2 * d_model)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Shift(nn.Module):
+    """y_t = W x_(t-shift): no step, no state_size."""
+
+    def __init__(self, d_model, seq_len, shift=1):
+        super().__init__()
+        self.proj, self.shift = nn.Linear(d_model, d_model), shift
+
+    def forward(self, x):
+        return self.proj(torch.cat([x[:, :self.shift] * 0, x[:, :-self.shift]], 1))
+'''
+
+
+def contract(entry, d_model=16, seq_len=24):
+    """{check: (status, measured)} of check_mixer on a `mixer` setting's entry."""
+    return {r.check: (r.status, r.measured)
+            for r in mixers.check_mixer(*mixers.parse_mixer(entry), d_model, seq_len)}
+
+
+def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, monkeypatch,
+                                                                    capsys):
+    """check_mixer on layers written to a file: GLA keeps every promise; Leaky is caught at
+    the first position an edit leaks to; Undercount with both state sizes; Sloppy on each
+    promise it breaks, with what was measured; Shift has no step or state_size (absent, not
+    failed). check_command's exit status is 1 where a check fails, else 0."""
+    monkeypatch.chdir(tmp_path)
+    Path("layers.py").write_text(BROKEN_SOURCE)
+    assert {status for status, _ in contract("layers.py:GLA").values()} == {"pass"}
+    assert contract("layers.py:GLA")["step"][1].startswith("largest difference from forward ")
+    status, measured = contract("layers.py:Leaky")["causal"]
+    assert status == "fail" and measured.startswith("an edit at t=7 changes the output at t=6 ")
+    assert contract("layers.py:Undercount")["state_size"] == (
+        "fail", "after t = 1, 2, 5, 24 tokens: state_size 16, 16, 16, 16; step carries 256, "
+                "256, 256, 256")
+    sloppy = contract("layers.py:Sloppy")
+    # (its count of calls changes every output between two forwards: causal fails too)
+    assert {k for k, (status, _) in sloppy.items() if status == "fail"} == {
+        "causal", "batch rows", "gradients", "step", "deterministic", "device"}
+    assert sloppy["gradients"][1] == "1 of 7 parameters get no gradient: unused"
+    assert sloppy["deterministic"][1] == "two forwards differ by 1"
+    assert "meta" in sloppy["device"][1] and "cpu" in sloppy["device"][1]
+    shift = contract("layers.py:Shift:shift=2")
+    assert shift["step"][0] == shift["state_size"][0] == "absent"
+    assert {status for k, (status, _) in shift.items() if "step" not in k and
+            "state" not in k} == {"pass"}
+    # the table prints every check with what it measured; the exit status
+    for entry, status, shown in [
+            ("layers.py:GLA", 0, "largest difference from forward"),
+            ("layers.py:Leaky", 1, "an edit at t=7 changes the output at t=6"),
+            ("layers.py:Undercount", 1, "state_size 16, 16, 16, 16; step carries 256, 256, 256"),
+            ("layers.py:Shift", 0, "absent")]:
+        assert mixers.check_command(entry, 16, 24) == status, entry
+        out = capsys.readouterr().out
+        assert f"the mixer contract on {entry}, d_model=16, seq_len=24" in out
+        assert all(check in out for check in mixers.CONTRACT) and shown in out, out
+
+
+def test_python_mixers_py_check_runs_the_contract_on_a_file(tmp_path):
+    """The command line itself: a table of the checks, exit status 1 for a leak."""
+    (tmp_path / "layers.py").write_text(BROKEN_SOURCE)
+    out = subprocess.run([sys.executable, str(REPO / "mixers.py"), "--check",
+                          "layers.py:Leaky", "--d_model=8", "--seq_len=24"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "causal" in line]
+    assert len(lines) == 1 and "FAIL" in lines[0]
+    assert "an edit at t=7 changes the output at t=6" in lines[0]
+
+
+def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
+    """split_mixer's grammar: SOURCE:Class, then options; a built-in name, then options."""
+    monkeypatch.chdir(tmp_path)
+    Path("my").mkdir()
+    Path("my/layers.py").write_text(BROKEN_SOURCE)
+    assert mixers.split_mixer("my/layers.py:Shift:shift=2") == ("my/layers.py:Shift",
+                                                                 ["shift=2"])
+    assert mixers.split_mixer("base_conv:kernel_size=3") == ("base_conv", ["kernel_size=3"])
+    assert mixers.split_mixer("pkg.layers:Shift") == ("pkg.layers:Shift", [])
+    setting = "attention,my/layers.py:Shift:shift=2"
+    layers = train.parse_layers(setting, 2)
+    assert layers == [("attention", {}), ("my/layers.py:Shift", {"shift": 2})]
+    assert train.mixer_setting(layers) == setting
+    model = train.LanguageModel(small_config(mixer=setting, d_model=16))
+    assert type(model.blocks[1].mixer).__name__ == "Shift" and model.blocks[1].mixer.shift == 2
+    for entry, match in [("my/layers.py:Shift:width=2", "option 'width=2' of my/layers.py:Shift "
+                                                        "is not allowed: .* one of shift"),
+                         ("my/layers.py:Shift:shift", "option 'shift' of"),
+                         ("my/layers.py:Shift:form=official", "option 'form=official'")]:
+        with pytest.raises(ValueError, match=match):
+            train.parse_layers(entry, 1)
+    # a module on sys.path, by package.module:Class; its source is its file's
+    Path("i38_pkg").mkdir()
+    Path("i38_pkg/__init__.py").write_text("")
+    Path("i38_pkg/layers.py").write_text(BROKEN_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = train.make_config(mixer="i38_pkg.layers:GLA", d_model=16, seq_len=16, num_kv_pairs=2,
+                          vocab_size=64)
+    assert c.mixer_source == f"i38_pkg.layers={mixers.source_digest(BROKEN_SOURCE)}"
+    assert train.run_name(c).startswith("i38_pkg.layers-GLA-N16-")
+
+
+def test_a_mixer_of_your_own_trains_by_its_path_and_its_source_names_the_run(tmp_path,
+                                                                              monkeypatch):
+    """python train.py --mixer=my/gla.py:GLA: the record holds the path and the digest of the
+    file's source (mixer_source), its name the file's name and class; a changed file is
+    another run. The class facts the model reads default to Mixer's (no positions, no token
+    ids, no auxiliary loss)."""
+    monkeypatch.chdir(tmp_path)
+    Path("my").mkdir()
+    Path("my/gla.py").write_text(GLA_SOURCE)
+    args = ["--mixer=my/gla.py:GLA", "--seq_len=16", "--num_kv_pairs=2", "--vocab_size=64",
+            "--d_model=16", "--num_train=64", "--num_test=16", "--num_valid=16",
+            "--batch_size=16", "--max_steps=2", "--eval_every=2", "--progress=false",
+            "--out_dir=runs"]
+    assert train.main(args) == 0
+    [path] = Path("runs").glob("*.json")
+    record = json.loads(path.read_text())
+    digest = mixers.source_digest(GLA_SOURCE)
+    assert record["config"]["mixer"] == "my/gla.py:GLA"
+    assert record["config"]["mixer_source"] == f"my/gla.py={digest}"
+    assert json.loads(train.identity(train.Config(**record["config"])))["mixer_source"] == \
+        f"my/gla.py={digest}"
+    assert path.name.startswith("gla.py-GLA-N16-D2-d16-") and record["steps"] == 2
+    config = train.parse_overrides(args)
+    assert train.record_path(config) == path
+    model = train.LanguageModel(config)
+    assert model.pos is None and model.aux_loss() == 0
+    edited = GLA_SOURCE + "# changed\n"
+    Path("my/gla.py").write_text(edited)
+    changed = train.parse_overrides(args)
+    assert changed.mixer_source == f"my/gla.py={mixers.source_digest(edited)}"
+    assert train.record_path(changed) != path
+    assert train.run_name(train.Config(**record["config"])) == path.stem  # the record's own
+    with pytest.raises(ValueError, match="mixer_source=.* is not allowed: it is filled in"):
+        train.check_config(config)                      # made before the file changed
+
+
+BAD_MIXERS = [  # (the file written, the mixer, what the one line says)
+    (None, "missing.py:GLA", "there is no file 'missing.py'"),
+    ("import torch\ndef GLA(:\n", "bad.py:GLA", "bad.py fails to import: SyntaxError"),
+    ("import no_such_module_i38\n", "bad.py:GLA", "bad.py fails to import: ModuleNotFoundError"),
+    (None, "no_such_module_i38.layers:GLA", "module 'no_such_module_i38.layers' fails to import"),
+    (GLA_SOURCE, "gla.py:Gla", "gla.py has no 'Gla'; its nn.Module classes: GLA"),
+    ("def GLA(d_model, seq_len):\n    pass\n", "f.py:GLA",
+     "GLA is a function, not a subclass of torch.nn.Module"),
+    ("import torch.nn as nn\nclass One(nn.Module):\n    def __init__(self, d_model):\n"
+     "        super().__init__()\n", "one.py:One",
+     r"One\(d_model\) does not take \(d_model, seq_len\): a mixer is built as "
+     r"One\(d_model, seq_len, \*\*options\)"),
+]
+
+
+@pytest.mark.parametrize("text, entry, message", BAD_MIXERS, ids=[
+    "no-file", "syntax-error", "import-error", "no-module", "no-class", "a-function",
+    "constructor"])
+def test_a_mixer_of_your_own_that_cannot_load_is_refused_in_one_line(text, entry, message,
+                                                                     tmp_path, monkeypatch,
+                                                                     capsys):
+    """train.py and mixers.py --check: exit status 2, one line naming what is wrong, nothing
+    written."""
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        Path(entry.split(":")[0]).write_text(text)
+    before = set(Path().iterdir())
+    assert train.main([f"--mixer={entry}", "--out_dir=runs"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert mixers.check_command(entry) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert set(Path().iterdir()) == before
+
+
+@pytest.mark.parametrize("cls, message", [
+    ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: an edit at "
+              "t=7 changes the output at t=6 "),
+    ("Wide", r"fails the mixer contract's shape check at d_model=16, seq_len=16: \(B, T, d\) = "
+             r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out")])
+def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, message, tmp_path,
+                                                                       monkeypatch, capsys):
+    """A layer that reads the future, or returns another shape, is refused before a run
+    trains or writes anything (exit status 2, one line); --check fails it (exit status 1)."""
+    monkeypatch.chdir(tmp_path)
+    Path("layers.py").write_text(BROKEN_SOURCE)
+    args = [f"--mixer=layers.py:{cls}", "--d_model=16", "--seq_len=16", "--num_kv_pairs=2",
+            "--out_dir=runs"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert not Path("runs").exists()
+    assert mixers.check_command(f"layers.py:{cls}", 16, 16) == 1
+
+
 @functools.cache
 def mixers_top_level():
     """mixers.py's top level as a reader copying from it sees it: (definitions, source,
