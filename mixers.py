@@ -66,6 +66,15 @@ short convolutions' state, its DeltaNet and Gated DeltaNet leave theirs out, its
 counts 2·d_model·d_state (the recurrent state at expand 2, no convolution); so its points
 on Figure 2's state axis are not all measured alike.
 
+The mixer contract, the interface above as checks, is one function, check_mixer: (B, T, d)
+in and out in float32 and float64, causal, the rows of a batch independent, a gradient for
+every parameter, step == forward, state_size == the numbers step carries, deterministic in
+eval mode, and forward and step on PyTorch's meta device. test_all.py runs it on every mixer
+here; `python mixers.py --check path/to/file.py:Class` runs it on a mixer of your own: any
+nn.Module built as Class(d_model, seq_len, **options), named by its path wherever a mixer is
+named ("my/gla.py:GLA", "mypackage.gla:GLA", options after it: split_mixer's grammar), its
+step and state_size optional, the facts of Mixer's docstring Mixer's where it does not say.
+
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
 an nn.Module only holds parameters and calls them. A computation with several forms keeps

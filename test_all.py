@@ -546,36 +546,10 @@ def test_a_registered_mixer_provides_the_interface(name, form):
 # ----------------------------------------------------------------------------------------
 # mixers.py: a mixer of your own, by its path, and the mixer contract on it
 
-# the README's "Bring your own mixer": gated linear attention (Yang et al., 2024), one head,
-# its recurrence written once, in step; any nn.Module built as Class(d_model, seq_len)
-GLA_SOURCE = '''import torch
-import torch.nn as nn
-
-
-class GLA(nn.Module):
-    """Gated linear attention, one head: S_t = diag(a_t) S_(t-1) + k_t v_t^T, y_t = q_t S_t."""
-
-    def __init__(self, d_model, seq_len):
-        super().__init__()
-        self.qkv, self.gate = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-
-    def forward(self, x):                                  # x (B, T, d)
-        state, ys = None, []
-        for t in range(x.shape[1]):
-            y, state = self.step(x[:, t], state)
-            ys.append(y)
-        return torch.stack(ys, 1)
-
-    def step(self, x_t, state=None):                       # x_t (B, d), state (S,): S (B, d, d)
-        q, k, v = self.qkv(x_t).chunk(3, dim=-1)
-        a = torch.sigmoid(self.gate(x_t))                  # a decay per key channel
-        S = k[:, :, None] * v[:, None] + (0 if state is None else a[:, :, None] * state[0])
-        return self.out_proj(torch.einsum("bi,bij->bj", q, S)), (S,)
-
-    def state_size(self, t):
-        return self.out_proj.in_features ** 2 if t else 0
-'''
+# the README's "Bring your own mixer" file, my_gla.py: gated linear attention (Yang et al.,
+# 2024) with one head, its recurrence written once, in step; an nn.Module and nothing else
+GLA_SOURCE = re.search(r"```python\n(# my_gla\.py\n.*?)```", (REPO / "README.md").read_text(),
+                       re.S).group(1)
 # the layers that break the contract, each on top of GLA
 BROKEN_SOURCE = GLA_SOURCE + '''
 
@@ -4506,6 +4480,36 @@ def test_readme_python_snippets_run():
     assert blocks, "the README has a python quick start"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
+    """The README's "Bring your own mixer": its file, written as my_gla.py, and its two
+    commands, run as printed (one torch thread, in a scratch folder): --check prints the
+    README's table (a difference below 1e-6 may print as another small number on another
+    machine) and exits 0; the training command writes a record that names the file and its
+    digest."""
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Bring your own mixer"):text.index("## Contents")]
+    check, run = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
+                  for line in block.splitlines()]
+    shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = lambda line: [sys.executable, str(REPO / shlex.split(line)[1]),
+                            *shlex.split(line)[2:]]
+    out = subprocess.run(command(check), capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    tiny = re.compile(r"(?<![\w.])(?:0|\d(?:\.\d+)?e-\d\d)(?![\w.])")
+    rows = lambda table: [[tiny.sub("~0", cell.strip()) for cell in line.split("│")[1:-1]]
+                          for line in table.splitlines() if line.startswith("│")]
+    assert rows(out.stdout) == rows(shown) and len(rows(shown)) == len(mixers.CONTRACT)
+    assert out.stdout.splitlines()[0].strip() == shown.splitlines()[0].strip()
+    out = subprocess.run(command(run), capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
+    assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
+    assert record["steps"] == 50
 
 
 def test_readme_copy_list_for_attention_matches_its_docstring():
