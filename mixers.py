@@ -66,6 +66,15 @@ short convolutions' state, its DeltaNet and Gated DeltaNet leave theirs out, its
 counts 2·d_model·d_state (the recurrent state at expand 2, no convolution); so its points
 on Figure 2's state axis are not all measured alike.
 
+The mixer contract, the interface above as checks, is one function, check_mixer: (B, T, d)
+in and out in float32 and float64, causal, the rows of a batch independent, a gradient for
+every parameter, step == forward, state_size == the numbers step carries, deterministic in
+eval mode, and forward and step on PyTorch's meta device. test_all.py runs it on every mixer
+here; `python mixers.py --check path/to/file.py:Class` runs it on a mixer of your own: any
+nn.Module built as Class(d_model, seq_len, **options), named by its path wherever a mixer is
+named ("my/gla.py:GLA", "mypackage.gla:GLA", options after it: split_mixer's grammar), its
+step and state_size optional, the facts of Mixer's docstring Mixer's where it does not say.
+
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
 an nn.Module only holds parameters and calls them. A computation with several forms keeps
@@ -93,9 +102,16 @@ here.
   size of a chunked form, n the number of chunks.
 """
 import argparse
+import hashlib
+import importlib
+import inspect
 import math
+import sys
 import time
+import types
+from collections import namedtuple
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -145,6 +161,13 @@ class Mixer(nn.Module):
     uses_positions = takes_tokens = keeps_own_init = False
     rescale_out_proj = True
     aux_loss = None
+
+
+def mixer_fact(mixer, fact):
+    """A fact of Mixer's docstring (uses_positions, takes_tokens, ...) read from a mixer or its
+    class: Mixer's default where the class does not say, as a mixer of your own (any
+    nn.Module, load_outside) need not."""
+    return getattr(mixer, fact, getattr(Mixer, fact))
 
 
 def state_numel(state):
@@ -714,22 +737,27 @@ class BaseConv(Mixer):
         self.b1 = nn.Parameter(torch.zeros(seq_len, d_model))
         self.b2 = nn.Parameter(torch.zeros(seq_len, d_model))
 
-    def _mix(self, u, past, t0):
-        """u (B, T, d) at positions t0.. after the inputs `past`: (y, the inputs' state)."""
-        end = t0 + u.shape[1]
-        if end > self.seq_len:
-            raise ValueError(f"sequence length T={end} is not allowed: BaseConv has one bias "
+    def _check_length(self, T):
+        if T > self.seq_len:
+            raise ValueError(f"sequence length T={T} is not allowed: BaseConv has one bias "
                              f"row per position, so T must be <= seq_len={self.seq_len}")
-        return base_conv(u, self.proj.weight.T, self.b1[t0:end], self.filter(),
-                         self.b2[t0:end], self.impl, past)
 
     def forward(self, x):
-        return self._mix(x, None, 0)[0]
+        B, T, d = x.shape
+        self._check_length(T)
+        return base_conv(x, self.proj.weight.T, self.b1[:T], self.filter(), self.b2[:T],
+                         self.impl)[0]
 
     def step(self, x_t, state=None):
         past, position = (None, x_t.new_zeros(x_t.shape[0], 1, dtype=torch.long)) \
             if state is None else state                                      # position (B, 1)
-        y, past = self._mix(x_t[:, None], past, int(position[0]))
+        # each row's bias rows by indexing with its position, not a Python int, so that step
+        # runs on PyTorch's meta device too (the mixer contract's device check), where the
+        # position has no value to check against seq_len
+        if not position.is_meta:
+            self._check_length(int(position.max()) + 1)
+        y, past = base_conv(x_t[:, None], self.proj.weight.T, self.b1[position], self.filter(),
+                            self.b2[position], self.impl, past)
         return y[:, 0], (past, position + 1)
 
     def state_size(self, t):
@@ -2758,8 +2786,90 @@ class RWKV7(Mixer):
 
 
 # ----------------------------------------------------------------------------------------
+# a mixer of your own, by its path: the one place a string names code (the user's class
+# cannot be in MIXERS). "path/to/file.py:Class" (a file, from the current folder) or
+# "package.module:Class" (importable from sys.path), built as Class(d_model, seq_len,
+# **options) like every mixer here; its facts (Mixer's docstring) default to Mixer's
+# (mixer_fact), and `step` and `state_size` are optional (check_mixer says which it has).
+
+def is_outside(name):
+    """Whether mixer `name` (as parse_mixer returns it) is a mixer of your own: its name
+    holds the source and the class, "source:Class"; a name of MIXERS has no colon."""
+    return ":" in name
+
+
+def source_digest(text):
+    """The first 16 hex digits of the SHA-256 of a mixer's source: what a run's identity keeps
+    of a mixer of your own, so that a changed file is another run."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_LOADED = {}   # (file, digest of its source) -> its module: a file loads once, again if changed
+
+
+def _load_file(name, source):
+    """The module of file `source`, run from the text whose digest the run keeps."""
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"mixer={name!r} is not allowed: there is no file {source!r} (from "
+                         f"{Path.cwd()}); write path/to/file.py:Class")
+    text = path.read_text()
+    key = (str(path.resolve()), source_digest(text))
+    if key not in _LOADED:
+        module = types.ModuleType(f"mixer_{path.stem}_{key[1]}")
+        module.__file__ = str(path)
+        sys.modules[module.__name__] = module      # where dataclasses and pickle look it up
+        try:
+            exec(compile(text, str(path), "exec"), module.__dict__)
+        except Exception as e:
+            del sys.modules[module.__name__]
+            raise ValueError(f"mixer={name!r} is not allowed: {source} fails to import: "
+                             f"{type(e).__name__}: {e}") from None
+        _LOADED[key] = module
+    return _LOADED[key], key[1]
+
+
+def _load_module(name, source):
+    """The module `source` (package.module), imported, and the digest of its file's source."""
+    try:
+        module = importlib.import_module(source)
+    except Exception as e:
+        raise ValueError(f"mixer={name!r} is not allowed: module {source!r} fails to import "
+                         f"({type(e).__name__}: {e}); write package.module:Class for a module "
+                         "on sys.path, or path/to/file.py:Class") from None
+    file = getattr(module, "__file__", None)
+    return module, source_digest(Path(file).read_text() if file else "")
+
+
+def load_outside(name):
+    """(the class, the digest of its source) of a mixer of your own, "path/to/file.py:Class"
+    or "package.module:Class": a ValueError names what is wrong with it (no such file or
+    module, an import that fails, no such class, not an nn.Module, a constructor that does
+    not take (d_model, seq_len))."""
+    source, _, class_name = name.rpartition(":")
+    file = source.endswith(".py") or "/" in source
+    module, digest = (_load_file if file else _load_module)(name, source)
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        classes = [k for k, v in vars(module).items()
+                   if isinstance(v, type) and issubclass(v, nn.Module)]
+        raise ValueError(f"mixer={name!r} is not allowed: {source} has no {class_name!r}; its "
+                         f"nn.Module classes: {', '.join(classes) or 'none'}")
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ValueError(f"mixer={name!r} is not allowed: {class_name} is a "
+                         f"{type(cls).__name__}, not a subclass of torch.nn.Module")
+    try:
+        inspect.signature(cls).bind_partial(0, 0)
+    except TypeError:
+        raise ValueError(f"mixer={name!r} is not allowed: {class_name}"
+                         f"{inspect.signature(cls)} does not take (d_model, seq_len): a mixer "
+                         f"is built as {class_name}(d_model, seq_len, **options)") from None
+    return cls, digest
+
+
+# ----------------------------------------------------------------------------------------
 # the registry: name -> paper-form class (MIXERS), name -> official form (OFFICIAL_FORMS),
-# and the two functions that look a mixer up in them
+# and the functions that read a mixer's name and options and build it
 
 MIXERS = {
     "attention": Attention,
@@ -2790,15 +2900,341 @@ OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": O
 
 def mixer_class(name, form="paper"):
     """The class of mixer `name` in `form`: "paper" (MIXERS) or, where the official code
-    trained another layer for a figure, "official" (OFFICIAL_FORMS)."""
+    trained another layer for a figure, "official" (OFFICIAL_FORMS); the class of a mixer of
+    your own, "source:Class", is the one its file defines (load_outside)."""
+    if is_outside(name):
+        check_choice("form", form, ("paper",))
+        return load_outside(name)[0]
     check_choice("mixer", name, tuple(MIXERS))
     check_choice("form", form, ("paper", "official") if name in OFFICIAL_FORMS else ("paper",))
     return OFFICIAL_FORMS[name] if form == "official" else MIXERS[name]
 
 
 def build_mixer(name, d_model, seq_len, form="paper", **options):
-    """MIXERS[name](d_model, seq_len, **options), or its official form (mixer_class)."""
+    """MIXERS[name](d_model, seq_len, **options), its official form, or a mixer of your own
+    (mixer_class)."""
     return mixer_class(name, form)(d_model, seq_len, **options)
+
+
+def split_mixer(entry):
+    """One layer's entry of a `mixer` setting -> (name, its option texts), by the grammar
+    alone (nothing is loaded):
+
+      NAME[:key=value...]           a mixer of MIXERS: "base_conv:kernel_size=3"
+      SOURCE:Class[:key=value...]   a mixer of your own, SOURCE a file ("my/gla.py") or an
+                                    importable module ("mypackage.gla"), its name "SOURCE:Class":
+                                    "my/gla.py:GLA:num_heads=2"
+
+    The segment after a name not in MIXERS is the class where it has no "=" (an option always
+    has one), so a class is never read as an option nor an option as a class. A source holds
+    no ":", "," or "=" (so no Windows drive letter), an option's value no ":" or ",".
+    """
+    name, *options = entry.strip().split(":")
+    if name not in MIXERS and options and "=" not in options[0]:
+        name = f"{name}:{options.pop(0)}"
+    return name, options
+
+
+def option_value(text):
+    """A mixer option's value from its text: int, float, true/false/none, or the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def parse_mixer(entry):
+    """One layer's entry of a `mixer` setting (split_mixer's grammar) -> (name, options).
+
+    A ValueError names an unknown mixer, an option that its class does not take, and a mixer
+    of your own that cannot be loaded (load_outside) or called with its options; the values
+    themselves are checked where the mixer is built."""
+    name, texts = split_mixer(entry)
+    if name not in MIXERS and not is_outside(name):
+        raise ValueError(f"mixer={entry!r} is not allowed: {name!r} is not one of "
+                         f"{', '.join(MIXERS)}, nor a mixer of your own (path/to/file.py:Class "
+                         "or package.module:Class)")
+    options = {key: option_value(text) for key, _, text in (t.partition("=") for t in texts)}
+    # the options are those of the class of its form (official or paper): its parameters
+    # after the two positional ones, d_model and seq_len
+    cls = mixer_class(name, options.get("form", "paper") if name in MIXERS else "paper")
+    params = list(inspect.signature(cls).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    allowed = [p.name for p in params if p not in positional[:2] and p.name != "form"
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if name in OFFICIAL_FORMS:
+        allowed.append("form")
+    any_key = any(p.kind is p.VAR_KEYWORD for p in params)
+    for text in texts:
+        key, sep, _ = text.partition("=")
+        if not sep or not (key in allowed or any_key and key.isidentifier()):
+            raise ValueError(f"mixer option {text!r} of {name} is not allowed: write key=value "
+                             f"with key one of {', '.join(allowed)}")
+    if is_outside(name):
+        try:
+            inspect.signature(cls).bind(0, 0, **options)
+        except TypeError as e:
+            raise ValueError(f"mixer={entry!r} is not allowed: {cls.__name__}"
+                             f"{inspect.signature(cls)} cannot be built as {cls.__name__}"
+                             f"(d_model, seq_len, **options) with these options: {e}") from None
+    return name, options
+
+
+# ----------------------------------------------------------------------------------------
+# the mixer contract: what every mixer here keeps (this module's docstring), checked on any
+# mixer by one function. test_all.py runs check_mixer on every built-in mixer and its
+# options; `python mixers.py --check path/to/file.py:Class` on yours (check_command); and
+# train.py will not train a mixer of your own that fails its shape or causality check.
+
+CONTRACT_BATCH = 3     # B of every check (3, not 2: a batch-first state is not told from heads=2)
+F64 = torch.float64    # what must hold exactly is checked in float64
+Clause = namedtuple("Clause", "check status measured")      # status "pass", "fail" or "absent"
+
+
+def token_ids(x, c=4):
+    """Fixed token ids (B, T) on x's device for a mixer that takes them, from c ids so that
+    they repeat."""
+    ids = torch.randint(0, c, x.shape[:2], generator=torch.Generator().manual_seed(0))
+    return ids.to(x.device)
+
+
+def seeded_forward(mixer, x, tokens=None, seed=0):
+    """mixer(x) with torch's CPU generator seeded (`seed`) for the call and the caller's given
+    back after it (the random selection control of Section 5 draws its rows from it), and
+    token ids (token_ids(x) unless given) for a mixer that takes them."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        if not mixer_fact(mixer, "takes_tokens"):
+            return mixer(x)
+        return mixer(x, tokens=token_ids(x) if tokens is None else tokens)
+
+
+def seeded_steps(mixer, x, token=None):
+    """`step` over the whole of x (B, T, d) from state=None, the generator as seeded_forward's:
+    (the outputs (B, T, d), the state after each position); token (B, T) ids, token_ids(x)
+    unless given, for a mixer that takes them."""
+    takes = mixer_fact(mixer, "takes_tokens")
+    token = token_ids(x) if takes and token is None else token
+    state, ys, states = None, [], []
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(0)
+        for t in range(x.shape[1]):
+            y, state = mixer.step(x[:, t], state, **({"token": token[:, t]} if takes else {}))
+            ys.append(y)
+            states.append(state)
+    return torch.stack(ys, 1), states
+
+
+def _inputs(B, T, d, dtype, seed=0):
+    return torch.randn(B, T, d, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def _dtype(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def check_shape(build, B, T, d):
+    """(B, T, d) in, (B, T, d) out in the input's dtype, float32 and float64."""
+    for dtype in (torch.float32, F64):
+        with torch.no_grad():
+            y = seeded_forward(build(dtype).eval(), _inputs(B, T, d, dtype))
+        if not isinstance(y, torch.Tensor) or y.shape != (B, T, d) or y.dtype != dtype:
+            out = (f"{tuple(y.shape)} {_dtype(y.dtype)}" if isinstance(y, torch.Tensor)
+                   else f"a {type(y).__name__}")
+            return "fail", f"(B, T, d) = {(B, T, d)} {_dtype(dtype)} in, {out} out"
+    return "pass", f"(B, T, d) = {(B, T, d)} in and out, float32 and float64"
+
+
+def check_causal(build, B, T, d):
+    """An edit of the input at position t changes no output before t, to 1e-12 in float64 (an
+    FFT convolution spreads rounding over every position), and changes some output at t or
+    after (the last position excepted: the random selection control may drop its row)."""
+    m, x, noise = build(F64).eval(), _inputs(B, T, d, F64), _inputs(B, T, d, F64, seed=1)
+    edits, largest = sorted({0, min(7, T - 1), T // 2, T - 1}), 0.0
+    with torch.no_grad():
+        y = seeded_forward(m, x)
+        for t in edits:
+            x2 = x.clone()
+            x2[:, t] += noise[:, t]
+            y2 = seeded_forward(m, x2)
+            change = (y2 - y).abs().amax(dim=(0, 2))                         # (T,)
+            leaks = (change[:t] > 1e-12).nonzero()
+            if len(leaks):
+                s = int(leaks[0])
+                return "fail", (f"an edit at t={t} changes the output at t={s} by "
+                                f"{change[s].item():.2g}: it leaks from the future "
+                                "(allowed: 1e-12)")
+            largest = max(largest, change[:t].max().item() if t else 0.0)
+            if t < T - 1 and torch.allclose(y[:, t:], y2[:, t:]):
+                return "fail", f"an edit at t={t} changes no output at t or after"
+    return "pass", (f"edits at t = {', '.join(map(str, edits))} change no earlier output "
+                    f"(largest change {largest:.1g}, allowed 1e-12)")
+
+
+def check_batch_rows(build, B, T, d):
+    """Row 0's output does not change when the batch's other rows do (to 1e-12, float64)."""
+    m, x = build(F64).eval(), _inputs(B, T, d, F64)
+    x2 = torch.cat([x[:1], _inputs(B - 1, T, d, F64, seed=1)])
+    with torch.no_grad():
+        change = (seeded_forward(m, x2)[0] - seeded_forward(m, x)[0]).abs().max().item()
+    return ("pass" if change <= 1e-12 else "fail",
+            f"the other rows changed, row 0's output changes by {change:.1g} (allowed 1e-12)")
+
+
+def check_gradients(build, B, T, d):
+    """Every parameter gets a nonzero gradient from the output (float32, training mode)."""
+    m = build(torch.float32)
+    seeded_forward(m, _inputs(B, T, d, torch.float32)).square().sum().backward()
+    params = dict(m.named_parameters())
+    without = [n for n, p in params.items() if p.grad is None or not p.grad.abs().sum() > 0]
+    if without:
+        return "fail", (f"{len(without)} of {len(params)} parameters get no gradient: "
+                        f"{', '.join(without)}")
+    return "pass", (f"all {len(params)} parameters "
+                    f"({sum(p.numel() for p in params.values()):,} numbers) get a gradient")
+
+
+def check_step(build, B, T, d):
+    """`step`, token by token from state=None, equals forward: to 1e-10 in float64, 1e-5 in
+    float32 (absolute and relative)."""
+    if not callable(getattr(build(F64), "step", None)):
+        return "absent", "no step: the layer runs over whole sequences only"
+    ok, differences = True, []
+    for dtype, tol in ((F64, 1e-10), (torch.float32, 1e-5)):
+        m, x = build(dtype).eval(), _inputs(B, T, d, dtype)
+        with torch.no_grad():
+            ys, y = seeded_steps(m, x)[0], seeded_forward(m, x)
+        if ys.shape != y.shape:
+            return "fail", (f"step's outputs stack to {tuple(ys.shape)}, forward's are "
+                            f"{tuple(y.shape)}")
+        ok &= torch.allclose(ys, y, atol=tol, rtol=tol)
+        differences.append(f"{(ys - y).abs().max().item():.2g} in {_dtype(dtype)} "
+                           f"(tolerance {tol:g})")
+    return "pass" if ok else "fail", "largest difference from forward " + ", ".join(differences)
+
+
+def check_state_size(build, B, T, d):
+    """state_size(t) equals the numbers per sequence that `step` carries after t tokens
+    (state_numel of a tuple of tensors with batch first), and is 0 before the first token."""
+    m = build(F64).eval()
+    if not callable(getattr(m, "state_size", None)):
+        return "absent", "no state_size"
+    if not callable(getattr(m, "step", None)):
+        return "absent", "state_size, but no step whose state it would count"
+    with torch.no_grad():
+        _, states = seeded_steps(m, _inputs(B, T, d, F64))
+    ts = sorted({1, 2, 5, T} & set(range(1, T + 1)))
+    for t in ts:
+        state = states[t - 1]
+        if not (isinstance(state, tuple) and all(isinstance(s, torch.Tensor) and s.ndim
+                                                 and s.shape[0] == B for s in state)):
+            shapes = ([tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+                       for s in state] if isinstance(state, tuple) else type(state).__name__)
+            return "fail", (f"the state after t={t} is {shapes}, not a tuple of tensors with "
+                            f"batch (B={B}) first")
+    claimed, carried = [m.state_size(t) for t in ts], [state_numel(states[t - 1]) for t in ts]
+    measured = (f"after t = {', '.join(map(str, ts))} tokens: state_size "
+                f"{', '.join(map(str, claimed))}; step carries {', '.join(map(str, carried))}")
+    if m.state_size(0) != 0:
+        measured += f"; state_size(0) = {m.state_size(0)}, not 0"
+    return "pass" if claimed == carried and m.state_size(0) == 0 else "fail", measured
+
+
+def check_deterministic(build, B, T, d):
+    """Two forwards in eval mode agree exactly, torch's generator seeded alike for both: a
+    draw from it is allowed (the random selection control of Section 5 draws its rows), a
+    state that forward changes is not; whether it draws is said."""
+    m, x = build(F64).eval(), _inputs(B, T, d, F64)
+    with torch.no_grad():
+        y = seeded_forward(m, x)
+        change = (seeded_forward(m, x) - y).abs().max().item()
+        draws = change == 0 and not torch.equal(seeded_forward(m, x, seed=1), y)
+    return ("pass" if change == 0 else "fail",
+            f"two forwards differ by {change:.1g}" + ("; another seed of torch's generator "
+                                                      "changes the output" if draws else ""))
+
+
+def check_device(build, B, T, d):
+    """forward, and step where there is one, run on PyTorch's meta device (shapes, no data):
+    a tensor made on the CPU inside the layer is an error here, as it would be on a GPU."""
+    m, x = build(torch.float32).eval().to("meta"), torch.empty(B, T, d, device="meta")
+    with torch.no_grad():
+        outputs, ran = [seeded_forward(m, x)], "forward"
+        if callable(getattr(m, "step", None)):
+            outputs.append(seeded_steps(m, x[:, :min(T, 3)])[0])
+            ran += f" and {min(T, 3)} steps"
+    if not all(y.is_meta for y in outputs):
+        return "fail", f"{ran} on the meta device return a tensor on another device"
+    return "pass", f"{ran} run on the meta device"
+
+
+CONTRACT = {"shape": check_shape, "causal": check_causal, "batch rows": check_batch_rows,
+            "gradients": check_gradients, "step": check_step, "state_size": check_state_size,
+            "deterministic": check_deterministic, "device": check_device}
+
+
+def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRACT)):
+    """The mixer contract on mixer `name` (parse_mixer's: a key of MIXERS or "source:Class")
+    built as build_mixer(name, d_model, seq_len, **options), each check on a fresh copy with
+    the same weights (torch's CPU generator seeded for the build, the caller's given back):
+    one Clause(check, status, measured) per check of CONTRACT (or `checks`). status is "pass",
+    "fail" or "absent" (step and state_size are optional); an exception is a "fail" that
+    names it. A mixer that cannot be built raises a ValueError before any check."""
+    options = options or {}
+    check_positive("d_model", d_model)
+    check_positive("seq_len", seq_len)
+
+    def build(dtype):
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(0)
+            return build_mixer(name, d_model, seq_len, **options).to(dtype)
+
+    try:
+        build(torch.float32)
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"mixer={name!r} is not allowed: building it as {name}(d_model="
+                         f"{d_model}, seq_len={seq_len}, **{options}) raised "
+                         f"{type(e).__name__}: {_first_line(e)}") from None
+    results = []
+    for check in checks:
+        try:
+            status, measured = CONTRACT[check](build, CONTRACT_BATCH, seq_len, d_model)
+        except Exception as e:
+            status, measured = "fail", f"raised {type(e).__name__}: {_first_line(e)}"
+        results.append(Clause(check, status, measured))
+    return results
+
+
+def _first_line(error):
+    return (str(error).strip().splitlines() or [""])[0]
+
+
+def check_command(entry, d_model=64, seq_len=64):
+    """`python mixers.py --check MIXER`: check_mixer on MIXER (a `mixer` setting's entry,
+    parse_mixer) as a table. Returns the exit status: 1 when a check fails, 2 when the mixer
+    cannot be loaded or built (the error on stderr), else 0 (step and state_size absent
+    included)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    try:
+        name, options = parse_mixer(entry)
+        results = check_mixer(name, options, d_model, seq_len)
+    except ValueError as e:
+        print(f"mixers.py: {e}", file=sys.stderr)
+        return 2
+    table = Table("check", "result", "measured", title=f"the mixer contract on {entry}, "
+                  f"d_model={d_model}, seq_len={seq_len}, B={CONTRACT_BATCH}")
+    marks = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]",
+             "absent": "[yellow]absent[/yellow]"}
+    for r in results:
+        table.add_row(r.check, marks[r.status], escape(r.measured))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    return 1 if any(r.status == "fail" for r in results) else 0
 
 
 # ----------------------------------------------------------------------------------------
@@ -2893,11 +3329,19 @@ if __name__ == "__main__":
     parser.add_argument("--bench", action="store_true", help="time every mixer")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for --bench (default 1: steadier timings)")
+    parser.add_argument("--check", metavar="MIXER",
+                        help="check the mixer contract on MIXER: path/to/file.py:Class, "
+                             "package.module:Class or a name of MIXERS, with :key=value options")
+    parser.add_argument("--d_model", type=int, default=64, help="d of --check (default 64)")
+    parser.add_argument("--seq_len", type=int, default=64, help="T of --check (default 64)")
     args = parser.parse_args()
     try:
-        check_positive("threads", args.threads)
+        for key in ("threads", "d_model", "seq_len"):
+            check_positive(key, getattr(args, key))
     except ValueError as error:
         parser.error(str(error))
+    if args.check:
+        sys.exit(check_command(args.check, args.d_model, args.seq_len))
     if args.bench:
         bench(threads=args.threads)
     else:

@@ -333,32 +333,10 @@ def make_mixer(name, d=16, T=24, dtype=F64, seed=0, **kwargs):
     return mixers.build_mixer(name, d, T, **kwargs).to(dtype)
 
 
-def token_ids(x, c=4):
-    """Fixed token ids (B, T) for the mixers that take them, from c ids so that they repeat."""
-    return torch.randint(0, c, x.shape[:2], generator=torch.Generator().manual_seed(0))
-
-
-def mix(mixer, x):
-    """mixer(x), with token_ids(x) for a mixer that takes token ids; torch's generator
-    seeded first (the random selection control draws its rows from it)."""
-    torch.manual_seed(0)
-    return mixer(x, tokens=token_ids(x)) if mixer.takes_tokens else mixer(x)
-
-
-def run_steps(mixer, x, **per_token):
-    """Run `step` over a whole sequence; returns (outputs (B, T, d), states after each t).
-
-    per_token: extra (B, T) inputs handed to step one position at a time (token ids);
-    token_ids(x) by default for a mixer that takes token ids."""
-    if mixer.takes_tokens and not per_token:
-        per_token = {"token": token_ids(x)}
-    torch.manual_seed(0)                                          # as mix
-    state, ys, states = None, [], []
-    for t in range(x.shape[1]):
-        y, state = mixer.step(x[:, t], state, **{k: v[:, t] for k, v in per_token.items()})
-        ys.append(y)
-        states.append(state)
-    return torch.stack(ys, 1), states
+# mixer(x) with token ids for a mixer that takes them, torch's generator seeded for the call
+# (the random selective-attention control draws its rows from it); `step` over a whole
+# sequence, (outputs (B, T, d), states after each t): the mixer contract's own (check_mixer)
+mix, run_steps = mixers.seeded_forward, mixers.seeded_steps
 
 
 def perturb_(module, scale, only=""):
@@ -409,40 +387,15 @@ IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 # mixers.py: properties every mixer must have, over CASES
 
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-def test_mixer_is_causal(name, kw):
-    m = make_mixer(name, **kw).eval()
-    x = torch.randn(2, 24, 16, dtype=F64)
-    for t in (0, 7, 23):
-        x2 = x.clone()
-        x2[:, t] += torch.randn(2, 16, dtype=F64)
-        y, y2 = mix(m, x), mix(m, x2)
-        assert torch.allclose(y[:, :t], y2[:, :t], atol=1e-12, rtol=0)
-        if t < 23:  # (the random selective-attention control may drop the last row)
-            assert not torch.allclose(y[:, t:], y2[:, t:]), "the change must be seen"
-
-
-@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-@pytest.mark.parametrize("dtype,tol", [(F64, 1e-10), (torch.float32, 1e-5)])
-def test_mixer_step_equals_forward(name, kw, dtype, tol):
-    m = make_mixer(name, dtype=dtype, **kw).eval()
-    x = torch.randn(3, 24, 16, dtype=dtype)
-    with torch.no_grad():
-        ys, _ = run_steps(m, x)
-        y = mix(m, x)
-    assert y.dtype == ys.dtype == dtype
-    assert torch.allclose(ys, y, atol=tol, rtol=tol), (ys - y).abs().max()
-
-
-@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-def test_mixer_state_size_is_the_real_state(name, kw):
-    m = make_mixer(name, **kw).eval()
-    with torch.no_grad():
-        _, states = run_steps(m, torch.randn(2, 24, 16, dtype=F64))
-    for t in (1, 2, 5, 24):
-        state = states[t - 1]
-        assert all(s.shape[0] == 2 for s in state), "batch is dimension 0 of every state"
-        assert mixers.state_numel(state) == m.state_size(t)
-    assert m.state_size(0) == 0, "state=None before the first token"
+def test_every_mixer_keeps_the_mixer_contract(name, kw):
+    """mixers.check_mixer, the check `python mixers.py --check` runs on a mixer of your own:
+    (B, T, d) in and out in float32 and float64, causal (exactly, in float64), batch rows
+    independent, a gradient for every parameter, step == forward token by token, state_size
+    == the numbers step carries, deterministic in eval mode, runs on the meta device. Every
+    mixer here has every part (none absent)."""
+    results = mixers.check_mixer(name, kw, d_model=16, seq_len=24)
+    assert [r.check for r in results] == list(mixers.CONTRACT)
+    assert [r for r in results if r.status != "pass"] == []
 
 
 @pytest.mark.parametrize("name,kw", CASES, ids=IDS)
@@ -490,22 +443,13 @@ def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
         assert torch.allclose(first(fast), first(ref), atol=1e-4), name
 
 
-@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
-def test_gradients_reach_every_parameter(name, kw):
-    m = make_mixer(name, dtype=torch.float32, **kw)
-    mix(m, torch.randn(2, 24, 16)).square().sum().backward()
-    for pname, p in m.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
-
-
 @pytest.mark.parametrize("name, form", [(name, "paper") for name in MIXERS] +
                          [(name, "official") for name in mixers.OFFICIAL_FORMS])
 def test_a_registered_mixer_provides_the_interface(name, form):
     """What adding a mixer takes: a Mixer subclass built as cls(d_model, seq_len, **options)
-    with a default for every option, boolean class facts, forward and step on (B, T, d) and
-    (B, d), a tuple state with batch first, no state before the first token, and an
-    aux_loss that is None or a scalar after forward. An official form is a class of its
-    own, not the paper's."""
+    with a default for every option, boolean class facts, an aux_loss that is None or a
+    scalar after forward, and the mixer contract (checked over CASES, where it has a case).
+    An official form is a class of its own, not the paper's."""
     cls = mixers.mixer_class(name, form)
     assert (cls is MIXERS[name]) == (form == "paper") and issubclass(cls, mixers.Mixer)
     d_model, seq_len, *options = inspect.signature(cls).parameters.values()
@@ -513,16 +457,251 @@ def test_a_registered_mixer_provides_the_interface(name, form):
     assert all(p.default is not p.empty for p in options), "every option has a default"
     for fact in ("uses_positions", "takes_tokens", "keeps_own_init", "rescale_out_proj"):
         assert isinstance(getattr(cls, fact), bool), fact
-    # the official selection's default rule (top-k of the whole sequence) has no step
-    m = cls(16, 24, **({"inference": "threshold"}
-                       if cls is mixers.OfficialSelectiveAttention else {}))
-    x, tokens = torch.randn(3, 24, 16), torch.randint(0, 5, (3, 24))
-    extra = {"tokens": tokens} if cls.takes_tokens else {}
-    assert m(x, **extra).shape == (3, 24, 16)
+    m = cls(16, 24)
+    mix(m, torch.randn(3, 24, 16))
     assert m.aux_loss is None or m.aux_loss.shape == ()
-    y_t, state = m.step(x[:, 0], None, **({"token": tokens[:, 0]} if cls.takes_tokens else {}))
-    assert y_t.shape == (3, 16) and isinstance(state, tuple)
-    assert all(s.shape[0] == 3 for s in state) and m.state_size(0) == 0
+    # forward, step and state_size on (B, T, d) and (B, d): the mixer contract, over CASES
+    assert any(n == name and kw.get("form", "paper") == form for n, kw in CASES)
+
+
+# ----------------------------------------------------------------------------------------
+# mixers.py: a mixer of your own, by its path, and the mixer contract on it
+
+# the README's "Bring your own mixer" file, my_gla.py: gated linear attention (Yang et al.,
+# 2024) with one head, its recurrence written once, in step; an nn.Module and nothing else
+GLA_SOURCE = re.search(r"```python\n(# my_gla\.py\n.*?)```", (REPO / "README.md").read_text(),
+                       re.S).group(1)
+# the layers that break the contract, each on top of GLA
+BROKEN_SOURCE = GLA_SOURCE + '''
+
+class Leaky(GLA):
+    """Reads the next token too."""
+
+    def forward(self, x):
+        return super().forward(x + torch.cat([x[:, 1:], x[:, :1] * 0], 1))
+
+
+class Undercount(GLA):
+    """Counts one row of its (d, d) state."""
+
+    def state_size(self, t):
+        return self.out_proj.in_features if t else 0
+
+
+class Sloppy(GLA):
+    """Mixes the rows of a batch, keeps a parameter it does not use, counts its calls, and
+    makes a tensor on the CPU."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__(d_model, seq_len)
+        self.unused, self.calls = nn.Parameter(torch.zeros(d_model)), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x) + x.mean(0) + self.calls + torch.arange(x.shape[1])[:, None]
+
+
+class Wide(nn.Module):
+    """Returns 2d channels."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.proj = nn.Linear(d_model, 2 * d_model)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Shift(nn.Module):
+    """y_t = W x_(t-shift): no step, no state_size."""
+
+    def __init__(self, d_model, seq_len, shift=1):
+        super().__init__()
+        self.proj, self.shift = nn.Linear(d_model, d_model), shift
+
+    def forward(self, x):
+        return self.proj(torch.cat([x[:, :self.shift] * 0, x[:, :-self.shift]], 1))
+'''
+
+
+def contract(entry, d_model=16, seq_len=24):
+    """{check: (status, measured)} of check_mixer on a `mixer` setting's entry."""
+    return {r.check: (r.status, r.measured)
+            for r in mixers.check_mixer(*mixers.parse_mixer(entry), d_model, seq_len)}
+
+
+def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, monkeypatch,
+                                                                    capsys):
+    """check_mixer on layers written to a file: GLA keeps every promise; Leaky is caught at
+    the first position an edit leaks to; Undercount with both state sizes; Sloppy on each
+    promise it breaks, with what was measured; Shift has no step or state_size (absent, not
+    failed). check_command's exit status is 1 where a check fails, else 0."""
+    monkeypatch.chdir(tmp_path)
+    Path("layers.py").write_text(BROKEN_SOURCE)
+    assert {status for status, _ in contract("layers.py:GLA").values()} == {"pass"}
+    assert contract("layers.py:GLA")["step"][1].startswith("largest difference from forward ")
+    status, measured = contract("layers.py:Leaky")["causal"]
+    assert status == "fail" and measured.startswith("an edit at t=7 changes the output at t=6 ")
+    assert contract("layers.py:Undercount")["state_size"] == (
+        "fail", "after t = 1, 2, 5, 24 tokens: state_size 16, 16, 16, 16; step carries 256, "
+                "256, 256, 256")
+    sloppy = contract("layers.py:Sloppy")
+    # (its count of calls changes every output between two forwards: causal fails too)
+    assert {k for k, (status, _) in sloppy.items() if status == "fail"} == {
+        "causal", "batch rows", "gradients", "step", "deterministic", "device"}
+    assert sloppy["gradients"][1] == "1 of 7 parameters get no gradient: unused"
+    assert sloppy["deterministic"][1] == "two forwards differ by 1"
+    assert "meta" in sloppy["device"][1] and "cpu" in sloppy["device"][1]
+    shift = contract("layers.py:Shift:shift=2")
+    assert shift["step"][0] == shift["state_size"][0] == "absent"
+    assert {status for k, (status, _) in shift.items() if "step" not in k and
+            "state" not in k} == {"pass"}
+    # the table prints every check with what it measured; the exit status
+    for entry, status, shown in [
+            ("layers.py:GLA", 0, "largest difference from forward"),
+            ("layers.py:Leaky", 1, "an edit at t=7 changes the output at t=6"),
+            ("layers.py:Undercount", 1, "state_size 16, 16, 16, 16; step carries 256, 256, 256"),
+            ("layers.py:Shift", 0, "absent")]:
+        assert mixers.check_command(entry, 16, 24) == status, entry
+        out = capsys.readouterr().out
+        assert f"the mixer contract on {entry}, d_model=16, seq_len=24" in out
+        assert all(check in out for check in mixers.CONTRACT) and shown in out, out
+
+
+def test_python_mixers_py_check_runs_the_contract_on_a_file(tmp_path):
+    """The command line itself: a table of the checks, exit status 1 for a leak."""
+    (tmp_path / "layers.py").write_text(BROKEN_SOURCE)
+    out = subprocess.run([sys.executable, str(REPO / "mixers.py"), "--check",
+                          "layers.py:Leaky", "--d_model=8", "--seq_len=24"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "causal" in line]
+    assert len(lines) == 1 and "FAIL" in lines[0]
+    assert "an edit at t=7 changes the output at t=6" in lines[0]
+
+
+def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
+    """split_mixer's grammar: SOURCE:Class, then options; a built-in name, then options."""
+    monkeypatch.chdir(tmp_path)
+    Path("my").mkdir()
+    Path("my/layers.py").write_text(BROKEN_SOURCE)
+    assert mixers.split_mixer("my/layers.py:Shift:shift=2") == ("my/layers.py:Shift",
+                                                                 ["shift=2"])
+    assert mixers.split_mixer("base_conv:kernel_size=3") == ("base_conv", ["kernel_size=3"])
+    assert mixers.split_mixer("pkg.layers:Shift") == ("pkg.layers:Shift", [])
+    setting = "attention,my/layers.py:Shift:shift=2"
+    layers = train.parse_layers(setting, 2)
+    assert layers == [("attention", {}), ("my/layers.py:Shift", {"shift": 2})]
+    assert train.mixer_setting(layers) == setting
+    model = train.LanguageModel(small_config(mixer=setting, d_model=16))
+    assert type(model.blocks[1].mixer).__name__ == "Shift" and model.blocks[1].mixer.shift == 2
+    for entry, match in [("my/layers.py:Shift:width=2", "option 'width=2' of my/layers.py:Shift "
+                                                        "is not allowed: .* one of shift"),
+                         ("my/layers.py:Shift:shift", "option 'shift' of"),
+                         ("my/layers.py:Shift:form=official", "option 'form=official'")]:
+        with pytest.raises(ValueError, match=match):
+            train.parse_layers(entry, 1)
+    # a module on sys.path, by package.module:Class; its source is its file's
+    Path("i38_pkg").mkdir()
+    Path("i38_pkg/__init__.py").write_text("")
+    Path("i38_pkg/layers.py").write_text(BROKEN_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = train.make_config(mixer="i38_pkg.layers:GLA", d_model=16, seq_len=16, num_kv_pairs=2,
+                          vocab_size=64)
+    assert c.mixer_source == f"i38_pkg.layers={mixers.source_digest(BROKEN_SOURCE)}"
+    assert train.run_name(c).startswith("i38_pkg.layers-GLA-N16-")
+
+
+def test_a_mixer_of_your_own_trains_by_its_path_and_its_source_names_the_run(tmp_path,
+                                                                              monkeypatch):
+    """python train.py --mixer=my/gla.py:GLA: the record holds the path and the digest of the
+    file's source (mixer_source), its name the file's name and class; a changed file is
+    another run. The class facts the model reads default to Mixer's (no positions, no token
+    ids, no auxiliary loss)."""
+    monkeypatch.chdir(tmp_path)
+    Path("my").mkdir()
+    Path("my/gla.py").write_text(GLA_SOURCE)
+    args = ["--mixer=my/gla.py:GLA", "--seq_len=16", "--num_kv_pairs=2", "--vocab_size=64",
+            "--d_model=16", "--num_train=64", "--num_test=16", "--num_valid=16",
+            "--batch_size=16", "--max_steps=2", "--eval_every=2", "--progress=false",
+            "--out_dir=runs"]
+    assert train.main(args) == 0
+    [path] = Path("runs").glob("*.json")
+    record = json.loads(path.read_text())
+    digest = mixers.source_digest(GLA_SOURCE)
+    assert record["config"]["mixer"] == "my/gla.py:GLA"
+    assert record["config"]["mixer_source"] == f"my/gla.py={digest}"
+    assert json.loads(train.identity(train.Config(**record["config"])))["mixer_source"] == \
+        f"my/gla.py={digest}"
+    assert path.name.startswith("gla.py-GLA-N16-D2-d16-") and record["steps"] == 2
+    config = train.parse_overrides(args)
+    assert train.record_path(config) == path
+    model = train.LanguageModel(config)
+    assert model.pos is None and model.aux_loss() == 0
+    edited = GLA_SOURCE + "# changed\n"
+    Path("my/gla.py").write_text(edited)
+    changed = train.parse_overrides(args)
+    assert changed.mixer_source == f"my/gla.py={mixers.source_digest(edited)}"
+    assert train.record_path(changed) != path
+    assert train.run_name(train.Config(**record["config"])) == path.stem  # the record's own
+    with pytest.raises(ValueError, match="mixer_source=.* is not allowed: it is filled in"):
+        train.check_config(config)                      # made before the file changed
+
+
+BAD_MIXERS = [  # (the file written, the mixer, what the one line says)
+    (None, "missing.py:GLA", "there is no file 'missing.py'"),
+    ("import torch\ndef GLA(:\n", "bad.py:GLA", "bad.py fails to import: SyntaxError"),
+    ("import no_such_module_i38\n", "bad.py:GLA", "bad.py fails to import: ModuleNotFoundError"),
+    (None, "no_such_module_i38.layers:GLA", "module 'no_such_module_i38.layers' fails to import"),
+    (GLA_SOURCE, "gla.py:Gla", "gla.py has no 'Gla'; its nn.Module classes: GLA"),
+    ("def GLA(d_model, seq_len):\n    pass\n", "f.py:GLA",
+     "GLA is a function, not a subclass of torch.nn.Module"),
+    ("import torch.nn as nn\nclass One(nn.Module):\n    def __init__(self, d_model):\n"
+     "        super().__init__()\n", "one.py:One",
+     r"One\(d_model\) does not take \(d_model, seq_len\): a mixer is built as "
+     r"One\(d_model, seq_len, \*\*options\)"),
+]
+
+
+@pytest.mark.parametrize("text, entry, message", BAD_MIXERS, ids=[
+    "no-file", "syntax-error", "import-error", "no-module", "no-class", "a-function",
+    "constructor"])
+def test_a_mixer_of_your_own_that_cannot_load_is_refused_in_one_line(text, entry, message,
+                                                                     tmp_path, monkeypatch,
+                                                                     capsys):
+    """train.py and mixers.py --check: exit status 2, one line naming what is wrong, nothing
+    written."""
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        Path(entry.split(":")[0]).write_text(text)
+    before = set(Path().iterdir())
+    assert train.main([f"--mixer={entry}", "--out_dir=runs"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert mixers.check_command(entry) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert set(Path().iterdir()) == before
+
+
+@pytest.mark.parametrize("cls, message", [
+    ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: an edit at "
+              "t=7 changes the output at t=6 "),
+    ("Wide", r"fails the mixer contract's shape check at d_model=16, seq_len=16: \(B, T, d\) = "
+             r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out")])
+def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, message, tmp_path,
+                                                                       monkeypatch, capsys):
+    """A layer that reads the future, or returns another shape, is refused before a run
+    trains or writes anything (exit status 2, one line); --check fails it (exit status 1)."""
+    monkeypatch.chdir(tmp_path)
+    Path("layers.py").write_text(BROKEN_SOURCE)
+    args = [f"--mixer=layers.py:{cls}", "--d_model=16", "--seq_len=16", "--num_kv_pairs=2",
+            "--out_dir=runs"]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert not Path("runs").exists()
+    assert mixers.check_command(f"layers.py:{cls}", 16, 16) == 1
 
 
 @functools.cache
@@ -3551,7 +3730,9 @@ def test_cosine_epochs_is_torch_cosine_annealing_stepped_per_epoch():
 TINY = dict(seq_len=16, num_kv_pairs=2, vocab_size=64, d_model=16, num_train=64, num_test=32,
             num_valid=32, batch_size=16, max_steps=6, eval_every=2, progress=False)
 OTHER_VALUE = {   # field: (another value, it changes the tiny run here)
-    "mixer": ("base_conv", True), "d_model": (8, True), "n_layers": (1, True),
+    "mixer": ("base_conv", True),
+    "mixer_source": ("gla.py=0123456789abcdef", False),   # check_config's, from your file
+    "d_model": (8, True), "n_layers": (1, True),
     "block": ("rms_pre_norm", True), "mlp": (True, True),
     "mlp_activation": ("tanh", True),          # (with mlp=True: check_config asks for it)
     "position_embedding": ("none", True), "dropout": (0.5, True), "init": ("gpt2", True),
@@ -4422,6 +4603,36 @@ def test_readme_python_snippets_run():
     assert blocks, "the README has a python quick start"
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
+    """The README's "Bring your own mixer": its file, written as my_gla.py, and its two
+    commands, run as printed (one torch thread, in a scratch folder): --check prints the
+    README's table (a difference below 1e-6 may print as another small number on another
+    machine) and exits 0; the training command writes a record that names the file and its
+    digest."""
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Bring your own mixer"):text.index("## Contents")]
+    check, run = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
+                  for line in block.splitlines()]
+    shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = lambda line: [sys.executable, str(REPO / shlex.split(line)[1]),
+                            *shlex.split(line)[2:]]
+    out = subprocess.run(command(check), capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    tiny = re.compile(r"(?<![\w.])(?:0|\d(?:\.\d+)?e-\d\d)(?![\w.])")
+    rows = lambda table: [[tiny.sub("~0", cell.strip()) for cell in line.split("│")[1:-1]]
+                          for line in table.splitlines() if line.startswith("│")]
+    assert rows(out.stdout) == rows(shown) and len(rows(shown)) == len(mixers.CONTRACT)
+    assert out.stdout.splitlines()[0].strip() == shown.splitlines()[0].strip()
+    out = subprocess.run(command(run), capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
+    assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
+    assert record["steps"] == 50
 
 
 def test_readme_copy_list_for_attention_matches_its_docstring():

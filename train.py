@@ -15,6 +15,8 @@ Usage:
   python train.py                     the main job: attention and BaseConv on MQAR (N=64,
                                       D=4, d=64), a table and results/runs/main.png
   python train.py --mixer=h3 --lr=1e-3  one run, any default overridden by --key=value
+  python train.py --mixer=my/gla.py:GLA  one run of a mixer of your own: any nn.Module built
+                                      as Class(d_model, seq_len, **options) (parse_layers)
   python train.py --seeds=5           seeds seed .. seed+4, then median and range
   python -m experiments --help        the lab: presets, sweeps, tables, figures, the LM
                                       experiment, appendix G, benchmarks
@@ -32,11 +34,11 @@ import contextlib
 import dataclasses
 import difflib
 import hashlib
-import inspect
 import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import signal
@@ -53,8 +55,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import (MIXERS, OFFICIAL_FORMS, OfficialSelectiveAttention, SelectiveAttention,
-                    build_mixer, check_choice, mixer_class)
+from mixers import (OfficialSelectiveAttention, SelectiveAttention, build_mixer, check_choice,
+                    check_mixer, is_outside, load_outside, mixer_class, mixer_fact, parse_mixer,
+                    split_mixer)
 from mqar import IGNORE, multiquery_ar
 
 
@@ -64,7 +67,10 @@ from mqar import IGNORE, multiquery_ar
 @dataclasses.dataclass
 class Config:
     # model (Figure 2; `--preset=figure2` sets the official configuration)
-    mixer: str = "attention"          # a key of mixers.MIXERS, or one per layer: see parse_layers
+    mixer: str = "attention"          # a key of mixers.MIXERS, a mixer of your own
+                                      # (path/to/file.py:Class), or one per layer: parse_layers
+    mixer_source: str = ""            # not given: check_config fills it in for a mixer of your
+                                      # own, "source=digest of its text" (check_outside_mixers)
     d_model: int = 64
     n_layers: int = 2
     block: str = "pre_norm"           # one of BLOCKS: "pre_norm", "identity_mlp", "rms_pre_norm"
@@ -138,6 +144,8 @@ class Config:
         new = dataclasses.replace(self, **changes)
         if hasattr(self, "_parsed"):
             new._parsed = self._parsed
+        if "mixer" in changes and "mixer_source" not in changes:
+            new.mixer_source = ""                        # check_config fills in the new one's
         return new
 
 
@@ -217,33 +225,16 @@ def parse_layers(mixer, n_layers):
     layer (its length must be n_layers), and each entry may carry options after colons:
     "base_conv:kernel_size=3,base_conv" is the official BaseConv stack (a short and a long
     filter alternating); "base_conv:kernel_size=3,based,sliding_window:window=16" a Based
-    stack. Option values are read as int, float, true/false or text, and must be keyword
-    arguments of that mixer's class.
+    stack. An entry may also be a mixer of your own, a class by its path, its options after
+    it: "my/gla.py:GLA", "my/gla.py:GLA:num_heads=2,attention", "mypackage.gla:GLA" (the
+    grammar: mixers.split_mixer). Option values are read as int, float, true/false or text,
+    and must be keyword arguments of that mixer's class (mixers.parse_mixer).
     """
-    entries = [e.strip() for e in mixer.split(",")]
+    entries = mixer.split(",")
     if len(entries) not in (1, n_layers):
         raise ValueError(f"mixer={mixer!r} lists {len(entries)} layers but n_layers={n_layers}: "
                          "give one mixer for every layer, or exactly n_layers of them")
-    layers = []
-    for entry in entries:
-        name, *options = entry.split(":")
-        if name not in MIXERS:
-            raise ValueError(f"mixer={mixer!r} is not allowed: {name!r} is not one of "
-                             f"{', '.join(MIXERS)}")
-        kwargs = {key: _option_value(text) for key, _, text in
-                  (option.partition("=") for option in options)}
-        # the options are those of the class of its form (official or paper)
-        cls = mixer_class(name, kwargs.get("form", "paper"))
-        allowed = [p for p in inspect.signature(cls).parameters
-                   if p not in ("d_model", "seq_len", "form")]
-        if name in OFFICIAL_FORMS:
-            allowed.append("form")
-        for option in options:
-            key, sep, text = option.partition("=")
-            if not sep or key not in allowed:
-                raise ValueError(f"mixer option {option!r} of {name} is not allowed: write "
-                                 f"key=value with key one of {', '.join(allowed)}")
-        layers.append((name, kwargs))
+    layers = [parse_mixer(entry) for entry in entries]
     return layers * n_layers if len(layers) == 1 else layers
 
 
@@ -255,13 +246,39 @@ def mixer_setting(layers):
                     for name, options in layers)
 
 
-def _option_value(text):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+# the checks of the mixer contract (mixers.check_mixer) that a mixer of your own passes
+# before it trains; every built-in mixer passes them all in the tests
+TRAIN_CHECKS = ("shape", "causal")
+_FAILED = {}        # (name, options, digest, d_model, seq_len) -> its first failed check or None
+
+
+def check_outside_mixers(config):
+    """Fill in `mixer_source` from the mixers of your own in `mixer` ("" if none): each
+    source, file or module, with the digest of its text (mixers.source_digest), so that a
+    changed file is another run. Raise a ValueError for one that fails a check of
+    TRAIN_CHECKS at the config's d_model and seq_len (run once per mixer and size)."""
+    c = config
+    outside = [(name, options) for name, options in c.layers if is_outside(name)]
+    digests = {name: load_outside(name)[1] for name, _ in outside}
+    sources = ",".join(dict.fromkeys(f"{name.rpartition(':')[0]}={digests[name]}"
+                                     for name, _ in outside))
+    if c.mixer_source not in ("", sources):
+        raise ValueError(f"mixer_source={c.mixer_source!r} is not allowed: it is filled in "
+                         f"from the files of mixer={c.mixer!r}, now {sources!r} (changed since, "
+                         "or given: leave it out)")
+    c.mixer_source = sources
+    for name, options in outside:
+        key = (name, repr(options), digests[name], c.d_model, c.seq_len)
+        if key not in _FAILED:
+            _FAILED[key] = next((r for r in check_mixer(name, options, c.d_model, c.seq_len,
+                                                        TRAIN_CHECKS) if r.status == "fail"), None)
+        if _FAILED[key]:
+            check, _, measured = _FAILED[key]
+            raise ValueError(f"mixer={c.mixer!r} is not allowed: {name} fails the mixer "
+                             f"contract's {check} check at d_model={c.d_model}, seq_len="
+                             f"{c.seq_len}: {measured} (python mixers.py --check "
+                             f"{mixer_setting([(name, options)])} --d_model={c.d_model} "
+                             f"--seq_len={c.seq_len} shows every check)")
 
 
 BLOCKS = ("pre_norm", "identity_mlp", "rms_pre_norm")
@@ -293,6 +310,7 @@ def check_config(config):
         if getattr(c, key) < 1:
             raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
     c.layers                # the mixer names and option keys (their values: when built)
+    check_outside_mixers(c)
     for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
                 "num_valid", "checkpoint_every"):
         if not getattr(c, key) >= 0:
@@ -405,11 +423,11 @@ class Block(nn.Module):
 
     def forward(self, x, tokens):
         # selective attention's programmatic rule reads token ids; no other mixer sees them
-        extra = {"tokens": tokens} if self.mixer.takes_tokens else {}
+        extra = {"tokens": tokens} if mixer_fact(self.mixer, "takes_tokens") else {}
         return self._second_sublayer(x + self.mixer(self.norm1(x), **extra))
 
     def step(self, x_t, state, token):
-        extra = {"token": token} if self.mixer.takes_tokens else {}
+        extra = {"token": token} if mixer_fact(self.mixer, "takes_tokens") else {}
         y_t, state = self.mixer.step(self.norm1(x_t), state, **extra)
         return self._second_sublayer(x_t + y_t), state
 
@@ -424,7 +442,7 @@ class LanguageModel(nn.Module):
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
         use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
-                   all(mixer_class(name, kw.get("form", "paper")).uses_positions
+                   all(mixer_fact(mixer_class(name, kw.get("form", "paper")), "uses_positions")
                        for name, kw in c.layers)))
         self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
         self.drop = nn.Dropout(c.dropout)
@@ -449,7 +467,8 @@ class LanguageModel(nn.Module):
     def aux_loss(self):
         """Sum of the mixers' `aux_loss` from the last forward, each already weighted by its
         mixer (Section 5's learned selection); 0 when no mixer has one."""
-        return sum(b.mixer.aux_loss for b in self.blocks if b.mixer.aux_loss is not None)
+        losses = (mixer_fact(b.mixer, "aux_loss") for b in self.blocks)
+        return sum(loss for loss in losses if loss is not None)
 
     def step(self, token, position, states=None):
         """One token (B,) at `position` -> (final hidden state (B, d), new per-layer states):
@@ -510,7 +529,7 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
     if scheme == "gpt2":
         for b in model.blocks:
             parts = [b.mlp] if b.mlp is not None else []
-            if b.mixer.rescale_out_proj:
+            if mixer_fact(b.mixer, "rescale_out_proj"):
                 parts.append(b.mixer)
             for part in parts:
                 for name, module in part.named_modules():
@@ -677,13 +696,25 @@ def run_name(config):
     """A readable, unique file name: the key settings and a hash of `identity`."""
     c = config
     digest = hashlib.sha1(identity(c).encode()).hexdigest()
-    mixer = c.mixer.replace(",", "+").replace(":", "-").replace("=", "")
+    mixer = ",".join(_readable(entry) for entry in c.mixer.split(","))
+    mixer = mixer.replace(",", "+").replace(":", "-").replace("=", "")
     if len(mixer) > 140:   # a long stack (a file name has at most 255 bytes): a repeated
         runs = itertools.groupby(mixer.split("+"))      # layer once with its count, and cut
         mixer = "+".join(f"{n}x{k}" if n > 1 else k
                          for k, n in ((k, len(list(g))) for k, g in runs))[:120]
     task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
     return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
+
+
+def _readable(entry):
+    """A mixer entry as a run's name shows it: as written, but a mixer of your own by its
+    file's name (or its module) and class, with no folder and no character a file name
+    cannot hold; its full path and source are in the record (identity)."""
+    name, texts = split_mixer(entry)
+    if not is_outside(name):
+        return entry
+    source, _, cls = name.rpartition(":")
+    return ":".join([re.sub(r"[^\w.-]", "_", Path(source).name), cls, *texts])
 
 
 def record_path(config):
