@@ -35,7 +35,7 @@ import mixers
 import mqar
 import theory as th
 import train
-from experiments import cli, common, figure2, figure6, lm
+from experiments import bench, cli, common, figure2, figure6, lm
 from mixers import MIXERS
 from mqar import IGNORE, multiquery_ar
 
@@ -3353,7 +3353,7 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
         loss, correct, n = train.labelled_loss(model, x, y)
     assert n == len(terms) == 4 * c.num_kv_pairs and int(correct) == hits > 0
     assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
-    assert torch.allclose(loss, train.full_logits_loss(model, x, y), atol=1e-12)
+    assert torch.allclose(loss, bench.full_logits_loss(model, x, y), atol=1e-12)
 
 
 @pytest.mark.parametrize("mixer", ["attention", "base_conv:kernel_size=3,base_conv",

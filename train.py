@@ -556,12 +556,6 @@ def labelled_loss(model, inputs, labels):
     return loss, correct, target.numel()
 
 
-def full_logits_loss(model, inputs, labels):
-    """The official harness's loss: logits at every position, then ignore_index. For --bench."""
-    logits = model.logits(model(inputs))                                     # (B, T, c)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
-
-
 @torch.no_grad()
 def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
     """Accuracy over all labelled positions: argmax over the whole vocabulary == label; with
@@ -575,33 +569,6 @@ def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
         correct, total, loss_sum = correct + int(c), total + n, loss_sum + loss.item() * n
     model.train()
     return (correct / total, loss_sum / total) if with_loss else correct / total
-
-
-@torch.no_grad()
-def selected_rows(model, inputs, labels, batch_size=256):
-    """For each selective-attention layer of `model` (none: []), in eval mode over (inputs,
-    labels): the mean number of rows it keeps per example ("rows"), the share of query
-    (labelled) positions among them ("queries") and the share of query positions it keeps
-    ("coverage"): what Section 5's selections attend at."""
-    layers = [b.mixer for b in model.blocks
-              if isinstance(b.mixer, (SelectiveAttention, OfficialSelectiveAttention))]
-    if not layers:
-        return []
-    model.eval()
-    kept = [[] for _ in layers]
-    for i in range(0, len(inputs), batch_size):
-        model(inputs[i:i + batch_size])
-        for k, layer in zip(kept, layers):
-            k.append(layer.selected != 0)
-    model.train()
-    queries = labels != IGNORE
-    stats = []
-    for k in kept:
-        k = torch.cat(k)
-        hits = int((k & queries).sum())
-        stats.append({"rows": int(k.sum()) / len(k), "queries": hits / int(k.sum()),
-                      "coverage": hits / int(queries.sum())})
-    return stats
 
 
 def evaluation(model, valid, test, config, final=False):
@@ -672,54 +639,6 @@ def lr_at(step, config):
         return c.lr * (step + 1) / c.warmup_steps
     progress = (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps)
     return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-# The identity of a run is the settings that differ from the Config defaults, with this
-# schema number. Adding a setting whose default keeps the old behaviour changes no identity;
-# changing what a default means must bump the number, which renames every run.
-# Schema 2: early stopping reads the validation split (num_valid 1000 by default).
-RECORD_SCHEMA = 2
-# where and how, not what
-NOT_IDENTITY = ("out_dir", "progress", "label", "save_model", "checkpoint_every")
-
-
-def identity(config):
-    """What makes two runs the same run: the schema and every setting that differs from its
-    default, but those of NOT_IDENTITY (where and how a run goes, not what it is)."""
-    default = Config()
-    return json.dumps({"schema": RECORD_SCHEMA, **{
-        k: v for k, v in dataclasses.asdict(config).items()
-        if k not in NOT_IDENTITY and v != getattr(default, k)}}, sort_keys=True)
-
-
-def run_name(config):
-    """A readable, unique file name: the key settings and a hash of `identity`."""
-    c = config
-    digest = hashlib.sha1(identity(c).encode()).hexdigest()
-    mixer = ",".join(_readable(entry) for entry in c.mixer.split(","))
-    mixer = mixer.replace(",", "+").replace(":", "-").replace("=", "")
-    if len(mixer) > 140:   # a long stack (a file name has at most 255 bytes): a repeated
-        runs = itertools.groupby(mixer.split("+"))      # layer once with its count, and cut
-        mixer = "+".join(f"{n}x{k}" if n > 1 else k
-                         for k, n in ((k, len(list(g))) for k, g in runs))[:120]
-    task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
-    return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
-
-
-def _readable(entry):
-    """A mixer entry as a run's name shows it: as written, but a mixer of your own by its
-    file's name (or its module) and class, with no folder and no character a file name
-    cannot hold; its full path and source are in the record (identity)."""
-    name, texts = split_mixer(entry)
-    if not is_outside(name):
-        return entry
-    source, _, cls = name.rpartition(":")
-    return ":".join([re.sub(r"[^\w.-]", "_", Path(source).name), cls, *texts])
-
-
-def record_path(config):
-    """Where the record of `config`'s run goes: out_dir/run_name.json."""
-    return Path(config.out_dir) / f"{run_name(config)}.json"
 
 
 def make_data(config):
@@ -841,39 +760,6 @@ def stopping_reason(run, config, stop, asked):
     if run["step"] >= stop:
         return "max_steps" if stop == config.max_steps else "budget_steps"
     return "interrupted" if asked else None
-
-
-def make_record(config, model, run, ended, final, selection, device, wall_time):
-    """A run's record: its settings, final test (and validation) scores, steps, how it
-    ended, times, parameters, provenance and history; with Section 5's selection statistics
-    and where it was resumed, if any."""
-    record = {
-        "schema": RECORD_SCHEMA, "config": dataclasses.asdict(config),
-        "test_acc": final["test_acc"], "steps": run["step"], "ended": ended,
-        "train_time_s": round(run["train_time"], 2), "wall_time_s": round(wall_time, 2),
-        "seed": config.seed, "n_params": sum(p.numel() for p in model.parameters()),
-        **provenance(device), "history": run["history"],
-    }
-    record.update({k: final[k] for k in ("valid_acc", "valid_loss") if k in final})
-    if selection:
-        record["selection"] = selection        # one entry per selective-attention layer
-    if run["resumed"]:
-        record["resumed"] = run["resumed"]     # where it continued, and what ran it there
-    return record
-
-
-def save_run(record, model, config):
-    """Write the weights (if save_model) and then the record, so that a record means they
-    are there; then the checkpoint goes, unless the run was interrupted (the same command
-    continues it)."""
-    path = record_path(config)
-    if config.save_model:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), path.with_suffix(".pt.tmp"))
-        path.with_suffix(".pt.tmp").replace(path.with_suffix(".pt"))
-    save_record(record, path)
-    if record["ended"] != "interrupted":
-        path.with_suffix(".ckpt").unlink(missing_ok=True)
 
 
 class BatchOrder:
@@ -1018,6 +904,117 @@ def stop_requests():
         yield lambda: bool(asked)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# ----------------------------------------------------------------------------------------
+# the record: what names a run (identity), what its record holds, where and how it is written
+
+# The identity of a run is the settings that differ from the Config defaults, with this
+# schema number. Adding a setting whose default keeps the old behaviour changes no identity;
+# changing what a default means must bump the number, which renames every run.
+# Schema 2: early stopping reads the validation split (num_valid 1000 by default).
+RECORD_SCHEMA = 2
+# where and how, not what
+NOT_IDENTITY = ("out_dir", "progress", "label", "save_model", "checkpoint_every")
+
+
+def identity(config):
+    """What makes two runs the same run: the schema and every setting that differs from its
+    default, but those of NOT_IDENTITY (where and how a run goes, not what it is)."""
+    default = Config()
+    return json.dumps({"schema": RECORD_SCHEMA, **{
+        k: v for k, v in dataclasses.asdict(config).items()
+        if k not in NOT_IDENTITY and v != getattr(default, k)}}, sort_keys=True)
+
+
+def run_name(config):
+    """A readable, unique file name: the key settings and a hash of `identity`."""
+    c = config
+    digest = hashlib.sha1(identity(c).encode()).hexdigest()
+    mixer = ",".join(_readable(entry) for entry in c.mixer.split(","))
+    mixer = mixer.replace(",", "+").replace(":", "-").replace("=", "")
+    if len(mixer) > 140:   # a long stack (a file name has at most 255 bytes): a repeated
+        runs = itertools.groupby(mixer.split("+"))      # layer once with its count, and cut
+        mixer = "+".join(f"{n}x{k}" if n > 1 else k
+                         for k, n in ((k, len(list(g))) for k, g in runs))[:120]
+    task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
+    return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
+
+
+def _readable(entry):
+    """A mixer entry as a run's name shows it: as written, but a mixer of your own by its
+    file's name (or its module) and class, with no folder and no character a file name
+    cannot hold; its full path and source are in the record (identity)."""
+    name, texts = split_mixer(entry)
+    if not is_outside(name):
+        return entry
+    source, _, cls = name.rpartition(":")
+    return ":".join([re.sub(r"[^\w.-]", "_", Path(source).name), cls, *texts])
+
+
+def record_path(config):
+    """Where the record of `config`'s run goes: out_dir/run_name.json."""
+    return Path(config.out_dir) / f"{run_name(config)}.json"
+
+
+@torch.no_grad()
+def selected_rows(model, inputs, labels, batch_size=256):
+    """For each selective-attention layer of `model` (none: []), in eval mode over (inputs,
+    labels): the mean number of rows it keeps per example ("rows"), the share of query
+    (labelled) positions among them ("queries") and the share of query positions it keeps
+    ("coverage"): what Section 5's selections attend at."""
+    layers = [b.mixer for b in model.blocks
+              if isinstance(b.mixer, (SelectiveAttention, OfficialSelectiveAttention))]
+    if not layers:
+        return []
+    model.eval()
+    kept = [[] for _ in layers]
+    for i in range(0, len(inputs), batch_size):
+        model(inputs[i:i + batch_size])
+        for k, layer in zip(kept, layers):
+            k.append(layer.selected != 0)
+    model.train()
+    queries = labels != IGNORE
+    stats = []
+    for k in kept:
+        k = torch.cat(k)
+        hits = int((k & queries).sum())
+        stats.append({"rows": int(k.sum()) / len(k), "queries": hits / int(k.sum()),
+                      "coverage": hits / int(queries.sum())})
+    return stats
+
+
+def make_record(config, model, run, ended, final, selection, device, wall_time):
+    """A run's record: its settings, final test (and validation) scores, steps, how it
+    ended, times, parameters, provenance and history; with Section 5's selection statistics
+    and where it was resumed, if any."""
+    record = {
+        "schema": RECORD_SCHEMA, "config": dataclasses.asdict(config),
+        "test_acc": final["test_acc"], "steps": run["step"], "ended": ended,
+        "train_time_s": round(run["train_time"], 2), "wall_time_s": round(wall_time, 2),
+        "seed": config.seed, "n_params": sum(p.numel() for p in model.parameters()),
+        **provenance(device), "history": run["history"],
+    }
+    record.update({k: final[k] for k in ("valid_acc", "valid_loss") if k in final})
+    if selection:
+        record["selection"] = selection        # one entry per selective-attention layer
+    if run["resumed"]:
+        record["resumed"] = run["resumed"]     # where it continued, and what ran it there
+    return record
+
+
+def save_run(record, model, config):
+    """Write the weights (if save_model) and then the record, so that a record means they
+    are there; then the checkpoint goes, unless the run was interrupted (the same command
+    continues it)."""
+    path = record_path(config)
+    if config.save_model:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path.with_suffix(".pt.tmp"))
+        path.with_suffix(".pt.tmp").replace(path.with_suffix(".pt"))
+    save_record(record, path)
+    if record["ended"] != "interrupted":
+        path.with_suffix(".ckpt").unlink(missing_ok=True)
 
 
 def finished_record(config):
