@@ -2600,6 +2600,8 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--lm", "--bench"], "--bench is not allowed with --lm"),
     (["--lm", "--task=mqar"], "--task is not allowed with --lm"),
     (["--lm", "--sweep=fig2"], "--lm is not allowed with --sweep"),
+    (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],
+     "--launcher is not allowed with --mixer"),
     (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold and --samples are not allowed without"),
     (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without")])
 def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
