@@ -35,7 +35,7 @@ import mixers
 import mqar
 import theory as th
 import train
-from experiments import bench, cli, common, figure2, figure6, lm
+from experiments import bench, cli, common, figure2, figure6, frontier, lm
 from mixers import MIXERS
 from mqar import IGNORE, multiquery_ar
 
@@ -2600,6 +2600,8 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--lm", "--bench"], "--bench is not allowed with --lm"),
     (["--lm", "--task=mqar"], "--task is not allowed with --lm"),
     (["--lm", "--sweep=fig2"], "--lm is not allowed with --sweep"),
+    (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],
+     "--launcher is not allowed with --mixer"),
     (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold and --samples are not allowed without"),
     (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without")])
 def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
@@ -3016,6 +3018,93 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
     for fig in figures[:2]:                                  # accuracy, and against state
         legend = fig.axes[-1].get_legend()                   # the last panel's
         assert [t.get_text() for t in legend.get_texts()] == ["attention", "h3"]
+
+
+# the frontier sweep shrunk to one cell and two built-ins (a few steps each), for the tests
+# of a mixer of your own on it
+TINY_FRONTIER = dict(models={k: frontier.FRONTIER_MODELS[k] for k in ("attention", "gla")},
+                     nd=[(16, 2)], vocab_size=[64], d_model=[16], num_train=[256],
+                     num_test=[64], num_valid=[32], batch_size=[16], max_steps=[4],
+                     eval_every=[2], lr=[3e-3], seed=[0])
+
+
+def test_a_mixer_of_yours_joins_the_frontier_beside_the_built_ins(tmp_path, monkeypatch, capsys):
+    """--sweep=frontier --mixer=my_gla.py:GLA on a tiny frontier grid whose built-ins have
+    records already: --dry_run lists only your run; the sweep trains only yours (train
+    refuses any other), into results/runs/frontier/; --table and --plot with the same
+    --mixer show the built-ins' rows and yours, with the recurrent state (your GLA's
+    d² + the short BaseConv's 2d + 1; "unknown" for a layer without state_size, which the
+    state figure leaves out and names), the figures in results/runs/, the committed ones
+    untouched."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(frontier.SWEEPS["frontier"], "cpu", TINY_FRONTIER)
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE + "\n\nclass NoState(GLA):\n"
+                                        "    state_size = None   # as if it had none\n")
+    assert cli.main(["--sweep=frontier"]) == 0                 # the built-ins' records
+    builtins = sorted(p.name for p in (tmp_path / "results/frontier").glob("*.json"))
+    assert len(builtins) == 2
+    capsys.readouterr()
+    mine, none = "--mixer=my_gla.py:GLA", "--mixer=my_gla.py:NoState"
+    assert cli.main(["--sweep=frontier", mine, "--dry_run"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert "my_gla.py:GLA" in line and "--label=GLA (yours)" in shlex.split(line)
+    trained, real = [], common.train
+    def train_yours_only(config):
+        assert "my_gla.py" in config.mixer, f"a built-in trained again: {config.mixer}"
+        trained.append(config)
+        return real(config)
+    monkeypatch.setattr(common, "train", train_yours_only)
+    assert cli.main(["--sweep=frontier", mine]) == 0
+    assert cli.main(["--sweep=frontier", none]) == 0
+    assert [c.label for c in trained] == ["GLA (yours)", "NoState (yours)"]
+    assert [c.mixer for c in trained] == ["base_conv:kernel_size=3,my_gla.py:GLA",
+                                          "base_conv:kernel_size=3,my_gla.py:NoState"]
+    assert sorted(p.name for p in (tmp_path / "results/frontier").glob("*.json")) == builtins
+    assert len(list((tmp_path / "results/runs/frontier").glob("*.json"))) == 2
+    capsys.readouterr()
+    table = lambda mixer: (cli.main(["--table=frontier", mixer]), {
+        row[0]: row[-1] for line in capsys.readouterr().out.splitlines()[2:]
+        for row in [[c.strip() for c in line.split("|")[1:-1]]]})
+    code, states = table(mine)
+    assert code == 0 and list(states) == ["attention", "gla", "GLA (yours)"]
+    assert states["GLA (yours)"] == "289"            # d² = 256, and 2d + 1 = 33 of BaseConv's
+    assert all(s.replace(",", "").isdigit() for s in states.values())
+    assert table(none) == (0, {"attention": states["attention"], "gla": states["gla"],
+                               "NoState (yours)": "unknown (no state_size)"})
+    figures, save = [], train.save_figure
+    for module in (train, figure2):
+        monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or
+                            save(fig, path))
+    for mixer, state_labels in ((mine, ["attention", "gla", "GLA (yours)"]),
+                                (none, ["attention", "gla"])):
+        figures.clear()
+        assert cli.main(["--plot=frontier", mixer]) == 0
+        accuracy, state = figures[:2]
+        bars = [t.get_text() for t in accuracy.axes[0].get_xticklabels()]    # one cell: bars
+        assert bars == ["attention", "gla", mixer.rpartition(":")[2] + " (yours)"]
+        assert [t.get_text() for t in state.axes[-1].get_legend().get_texts()] == state_labels
+        assert ("NoState (yours)" in state._suptitle.get_text()) == (mixer == none)
+    for suffix in ("", "_state", "_curves"):
+        assert (tmp_path / f"results/runs/frontier{suffix}.png").stat().st_size > 10_000
+        assert not (tmp_path / f"results/frontier{suffix}.png").exists()
+
+
+def test_a_mixer_of_yours_on_another_sweep_or_unloadable_is_refused(tmp_path, monkeypatch,
+                                                                    capsys):
+    """--mixer with a sweep other than frontier, a built-in's name, a file that is not there:
+    each a one-line ValueError naming it, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
+    for argv, says in ((["--sweep=fig2", "--mixer=my_gla.py:GLA"], "with 'fig2'"),
+                       (["--plot=hybrids", "--mixer=my_gla.py:GLA"], "with 'hybrids'"),
+                       (["--sweep=frontier", "--mixer=gla"], "on the frontier already"),
+                       (["--sweep=frontier", "--mixer=nothere.py:GLA"], "no file 'nothere.py'"),
+                       (["--sweep=frontier", "--mixer=my_gla.py:Nope"], "has no 'Nope'"),
+                       (["--table=frontier", "--mixer=my_gla.py:GLA"], "no finished runs")):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+    assert not (tmp_path / "results").exists()
 
 
 # figures a reader can read: the checks below draw the committed figures' records again
@@ -4607,10 +4696,11 @@ def test_readme_python_snippets_run():
 
 def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     """The README's "Bring your own mixer": its file, written as my_gla.py, and its two
-    commands, run as printed (one torch thread, in a scratch folder): --check prints the
+    commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check prints the
     README's table (a difference below 1e-6 may print as another small number on another
     machine) and exits 0; the training command writes a record that names the file and its
-    digest."""
+    digest; the frontier command (a shell block) lists, by --dry_run, one run of yours per
+    cell of the frontier sweep and no built-in's."""
     (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Bring your own mixer"):text.index("## Contents")]
@@ -4633,6 +4723,21 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
     assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
     assert record["steps"] == 50
+    # the frontier commands (a shell block: the sweep takes too long to run here): the sweep's
+    # runs, listed by --dry_run in place of --workers, are yours alone, one per frontier cell
+    sweep, plot = [line for block in re.findall(r"```shell\n(.*?)```", section, re.S)
+                   for line in block.splitlines()]
+    assert shlex.split(plot)[3:] == ["--plot=frontier", "--mixer=my_gla.py:GLA"]
+    args = [a for a in shlex.split(sweep)[3:] if not a.startswith("--workers")]
+    out = subprocess.run([sys.executable, "-m", "experiments", *args, "--dry_run"],
+                         capture_output=True, text=True, cwd=tmp_path,
+                         env={**env, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    runs = [shlex.split(line) for line in out.stdout.splitlines()]
+    cells = common.sweep_runs("frontier", cli.SWEEPS["frontier"], "cpu")
+    assert len(runs) == len({(o["seq_len"], o["num_kv_pairs"], o["d_model"]) for _, o in cells})
+    assert all("--mixer=base_conv:kernel_size=3,my_gla.py:GLA" in run
+               and "--out_dir=results/runs/frontier" in run for run in runs)
 
 
 def test_readme_copy_list_for_attention_matches_its_docstring():

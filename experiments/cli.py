@@ -21,6 +21,11 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
                                       runs K at once; --launcher=slurm submits them through
                                       submitit (submit_sweep); --dry_run prints their command
                                       lines instead (xargs -P, ...)
+  --sweep=frontier --mixer=path/to/file.py:Class   a mixer of your own on the recall frontier:
+                                      trained on its cells (records in results/runs/frontier/);
+                                      --table=frontier and --plot=frontier with the same
+                                      --mixer show it beside the built-ins' committed records
+                                      (figures in results/runs/)
   --plot=NAME                         the table of its cells and its figures (results/NAME.png)
   --table=NAME                        the Markdown table of results/NAME, as the READMEs show it
                                       (a sweep, a folder of runs or an LM experiment)
@@ -47,7 +52,8 @@ from experiments.f2 import f2_table, plot_f2
 from experiments.figure2 import (BASE_CONV, FOLDER_TABLES, PRESETS, curves_figure, fig2_table,
                                  make_config, plot_epochs, plot_fig2, plot_lr, plot_plotted)
 from experiments.figure6 import fig6_table, plot_fig6
-from experiments.frontier import frontier_table, plot_frontier
+from experiments.frontier import (YOURS, frontier_table, plot_frontier, plot_yours, yours_sweep,
+                                  yours_table)
 from experiments.hybrids import hybrids_table, plot_hybrids
 from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_data, lm_outputs,
                             lm_tables, plot_appendix_g, run_lm_experiment)
@@ -130,12 +136,18 @@ def markdown_table(name):
 COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers", "--launcher",
             "--partition", "--time_min", "--gpus_per_run", "--cpus_per_run", "--parallel",
             "--plot", "--table", "--lm", "--ar_threshold", "--hf", "--samples")
+SWEEP_COMMANDS = ("--sweep", "--plot", "--table")       # with these, --mixer is yours on the
+                                                        # frontier (yours_sweep), not a setting
 LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int,
                     "--cpus_per_run": int, "--parallel": int}      # submit_sweep's, by flag
 
 
 def table_command(flags, rest):
-    """--table=NAME: print the README's table of results/NAME (markdown_table)."""
+    """--table=NAME: print the README's table of results/NAME (markdown_table);
+    --table=frontier --mixer=...: the built-ins' cells and yours (yours_table)."""
+    if "--mixer" in flags:
+        print(yours_table(flags["--mixer"]))
+        return
     print(markdown_table(flags["--table"]))
 
 
@@ -144,6 +156,11 @@ def plot_command(flags, rest):
     (fig2_epochs, fig2_lr, fig2_plotted)."""
     name, plots = flags["--plot"], {"fig2_epochs": plot_epochs, "fig2_lr": plot_lr,
                                     "fig2_plotted": plot_plotted}
+    if "--mixer" in flags:                     # --plot=frontier --mixer=...: yours beside
+        _, paths = plot_yours(flags["--mixer"])          # the built-ins
+        print(yours_table(flags["--mixer"]))
+        print("wrote " + ", ".join(paths))
+        return
     if name in plots:                                # its table is in FOLDER_TABLES
         print(f"{FOLDER_TABLES[name](name)}\nwrote {plots[name](name)}")
         return
@@ -171,6 +188,12 @@ def sweep_command(flags, rest):
     results/runs/main/)."""
     name, scale = flags["--sweep"], flags.get("--scale", "cpu")
     workers = _positive_flag(flags, "workers", 1)
+    if "--mixer" in flags:                       # yours on the frontier: only its runs train
+        records = run_sweep(YOURS, yours_sweep(flags["--mixer"]), scale, make_config,
+                            dry_run="--dry_run" in flags, workers=workers)
+        if records:
+            print(yours_table(flags["--mixer"]))
+        return
     records = run_sweep(name, sweep_of(name), scale, make_config, dry_run="--dry_run" in flags,
                         workers=workers)
     if records:
@@ -237,6 +260,16 @@ def lm_command(flags, rest):
 
 def check_flags(flags, rest):
     """Refuse the command-line flags that would do nothing with the others given."""
+    if "--mixer" in flags:
+        name = next(flags[f] for f in SWEEP_COMMANDS if f in flags)
+        if name != "frontier":
+            raise ValueError(f"--mixer is not allowed with {name!r}: a mixer of your own "
+                             "joins the frontier sweep (--sweep=frontier --mixer=path/to/"
+                             "file.py:Class, then --table=frontier and --plot=frontier with "
+                             "the same --mixer); one run of it: --mixer=... without --sweep")
+        if "--launcher" in flags:
+            raise ValueError("--launcher is not allowed with --mixer: your runs train here "
+                             "(--workers=K) or by the command lines of --dry_run")
     if ("--sweep" in flags or "--plot" in flags or "--table" in flags) and rest:
         raise ValueError(f"{rest[0]!r} is not allowed with --sweep, --plot or --table: a "
                          "sweep's settings are its grid (SWEEPS in its experiment's file)")
@@ -312,6 +345,10 @@ def main(argv):
     flags = {a.split("=", 1)[0]: a.partition("=")[2] for a in argv
              if a.split("=", 1)[0] in COMMANDS}
     rest = [a for a in argv if a.split("=", 1)[0] not in COMMANDS]
+    if any(f in flags for f in SWEEP_COMMANDS):     # --mixer: a mixer of yours on the frontier
+        flags.update((a.split("=", 1)[0], a.partition("=")[2]) for a in rest
+                     if a.startswith("--mixer="))
+        rest = [a for a in rest if not a.startswith("--mixer=")]
     try:
         check_flags(flags, rest)
         return command(flags, rest)(flags, rest) or 0

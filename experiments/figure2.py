@@ -352,10 +352,12 @@ def scale_text(scale):
 
 
 def state_size(config):
-    """Numbers of recurrent state per example after seq_len tokens, over every layer."""
+    """Numbers of recurrent state per example after seq_len tokens, over every layer; None
+    where a layer does not say (a mixer of your own need not define state_size)."""
     with torch.random.fork_rng(devices=[]):
         model = LanguageModel(config)
-    return sum(b.mixer.state_size(config.seq_len) for b in model.blocks)
+    sizes = [getattr(b.mixer, "state_size", None) for b in model.blocks]
+    return None if None in sizes else sum(size(config.seq_len) for size in sizes)
 
 
 def dodge(x, i, n, spread=0.1):
@@ -383,7 +385,7 @@ def plotted_records(name):
     return records
 
 
-def plot_sweep(name, sweep, axes, bound=None):
+def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key (axes: (the keys that make a
     panel, the x key)), the models of a panel dodged apart (dodge), or side by side as bars
@@ -393,10 +395,15 @@ def plot_sweep(name, sweep, axes, bound=None):
     accuracy against recurrent state size, the same panels, one line per model, dodged
     alike; results/<name>_curves.png: the first seed's learning curves (plot_curves). Every
     model in its colour (model_color) and marker (model_markers), the titles the scale (of
-    `sweep`, its grids by scale) and budget. Returns (the cells' rows, the paths written)."""
+    `sweep`, its grids by scale) and budget. `records` (the frontier with a mixer of yours:
+    frontier.yours_records) are drawn instead of results/<name>'s, and the figures go to
+    `out`.png, _state.png, _curves.png instead of results/<name>'s; a model whose state size
+    is unknown (state_size: None) is left out of the state figure, its title says so.
+    Returns (the cells' rows, the paths written)."""
     plt = pyplot()
     import matplotlib.ticker
-    records = plotted_records(name)
+    records = records or plotted_records(name)
+    out = out or f"results/{name}"
     rows = cells(records)
     panel_keys, x_key = axes
     panel_of = lambda r: tuple(r[k] for k in panel_keys)
@@ -469,7 +476,7 @@ def plot_sweep(name, sweep, axes, bound=None):
         handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
         axes[0][-1].legend([handles[label] for label in labels], labels, fontsize=7,
                            loc="upper left", bbox_to_anchor=(1.01, 1))
-    save_figure(fig, f"results/{name}.png")
+    save_figure(fig, f"{out}.png")
     # the same panels, against the state each model carries: one line per model through its
     # widths (Figure 2's right-hand picture), dodged as above: models of one state (the
     # selections of hybrids) would sit on one spot; the legend beside them widens the figure
@@ -477,12 +484,15 @@ def plot_sweep(name, sweep, axes, bound=None):
     legend_extra = max(0.0, 0.06 * max(map(len, labels)) - 2.5)
     fig, axes = plt.subplots(1, len(panels), squeeze=False, sharey=True,
                              figsize=(max(5.5, 4 * len(panels)) + legend_extra, 3.8))
+    sizes = [state_size(config_of(r)) for r in rows]
+    unknown = list(dict.fromkeys(r["label"] for r, s in zip(rows, sizes) if s is None))
+    known = [(r, s) for r, s in zip(rows, sizes) if r["label"] not in unknown]
     for ax, panel in zip(axes[0], panels):
-        here_labels = in_panel(panel)
+        here_labels = [label for label in in_panel(panel) if label not in unknown]
         for i, label in enumerate(here_labels):
-            here = [r for r in rows if r["label"] == label and panel_of(r) == panel]
-            points = sorted(((state_size(config_of(r)), r["test_acc"],
-                             figure2_value(config_of(r))) for r in here), key=lambda p: p[:2])
+            here = [(r, s) for r, s in known if r["label"] == label and panel_of(r) == panel]
+            points = sorted(((s, r["test_acc"], figure2_value(config_of(r))) for r, s in here),
+                            key=lambda p: p[:2])
             ax.plot([dodge(s, i, len(here_labels)) for s, _, _ in points],
                     [a for _, a, _ in points], marker=markers[label], ms=3.5,
                     color=colors[label], label=label)
@@ -493,19 +503,22 @@ def plot_sweep(name, sweep, axes, bound=None):
         ax.set_xlabel("recurrent state, numbers per example (all layers)", fontsize=8)
         ax.set_title(title(panel), fontsize=9)
     handles = {lab: h for ax in axes[0] for h, lab in zip(*ax.get_legend_handles_labels())}
-    axes[0][-1].legend([handles[label] for label in labels], labels, fontsize=7,
+    drawn = [label for label in labels if label not in unknown]
+    axes[0][-1].legend([handles[label] for label in drawn], drawn, fontsize=7,
                        loc="upper left", bbox_to_anchor=(1.01, 1))   # one for every panel
     axes[0][0].set(ylabel="test accuracy", ylim=(0, 1.02))
     paper = f"\n({PAPER_NOTE})" if drew_paper else ""
+    missing = (f"\nnot drawn, state size unknown (no state_size): {', '.join(unknown)}"
+               if unknown else "")
     fig.suptitle(wrapped(f"{heading}: accuracy against recurrent state size ({SYMBOLS[x_key]} "
                          f"along each line)\n{budget}; {'mean over ' if several else ''}"
-                         f"{seeds_text(records)}{paper}", fig.get_figwidth()),
+                         f"{seeds_text(records)}{paper}{missing}", fig.get_figwidth()),
                  fontsize=9)
-    save_figure(fig, f"results/{name}_state.png")
+    save_figure(fig, f"{out}_state.png")
     first_seed = min(r["seed"] for r in records)
-    curves_figure([r for r in records if r["seed"] == first_seed], f"results/{name}_curves.png",
+    curves_figure([r for r in records if r["seed"] == first_seed], f"{out}_curves.png",
                   sweep, name)
-    return rows, [f"results/{name}.png", f"results/{name}_state.png", f"results/{name}_curves.png"]
+    return rows, [f"{out}.png", f"{out}_state.png", f"{out}_curves.png"]
 
 
 def steps_text(records):
@@ -518,11 +531,12 @@ def steps_text(records):
     return f"{span} ({why})"
 
 
-def cells_table(name, sweep, columns=((), None)):
+def cells_table(name, sweep, columns=((), None), records=None):
     """The cells of results/<name> (cells; in the order of `sweep`'s models): model, N, D,
     d, mean test accuracy ± 95%, each seed's, the steps, and the experiment's own `columns`:
-    (their headers, a function of a cell and its runs by seed that gives their texts)."""
-    rows = cells(load_records(f"results/{name}"))
+    (their headers, a function of a cell and its runs by seed that gives their texts).
+    `records`, where given, instead of results/<name>'s (frontier.yours_records)."""
+    rows = cells(load_records(f"results/{name}") if records is None else records)
     order = model_order(name, sweep)
     rows.sort(key=lambda r: (order.get(r["label"], len(order)), r["label"], r["seq_len"],
                              r["num_kv_pairs"], r["d_model"]))
