@@ -2932,6 +2932,22 @@ def test_cells_count_seeds_by_run_choose_the_lr_on_validation_only_and_give_a_t_
         common.cells(records)
 
 
+def test_a_cell_takes_the_lr_whose_mean_validation_accuracy_over_seeds_is_best():
+    """Three lrs of one cell, built so that each rule picks a different one: 1e-3 has the
+    best single seed (validation 0.9) and the best test accuracy, 1e-2 the best worst seed
+    (0.52), 3e-3 the best mean over its seeds ((0.6 + 0.6 + 0.5) / 3 = 0.5667 against
+    (0.9 + 0.1 + 0.1) / 3 = 0.3667 and 0.52). The cell takes 3e-3 and reports its mean test
+    accuracy (0.4 + 0.5 + 0.6) / 3 = 0.5, not a best seed's."""
+    valid = {1e-3: (0.9, 0.1, 0.1), 3e-3: (0.6, 0.6, 0.5), 1e-2: (0.52, 0.52, 0.52)}
+    test = {1e-3: (0.95, 0.9, 0.85), 3e-3: (0.4, 0.5, 0.6), 1e-2: (0.7, 0.7, 0.7)}
+    records = [fake_record(lr, s, test[lr][s], valid[lr][s]) for lr in valid for s in range(3)]
+    [row] = common.cells(records)
+    assert (row["lr"], row["seeds"]) == (3e-3, 3), row["lr"]
+    assert math.isclose(row["valid_acc"], 1.7 / 3, rel_tol=1e-12), row["valid_acc"]
+    assert math.isclose(row["test_acc"], 0.5, rel_tol=1e-12), row["test_acc"]
+    assert sorted(r["test_acc"] for r in row["runs"]) == [0.4, 0.5, 0.6]
+
+
 @pytest.mark.parametrize("dof, quantile", [(1, 12.70620474), (2, 4.30265273), (5, 2.57058184),
                                            (30, 2.04227246), (120, 1.97993040)])
 def test_t_quantile_is_students(dof, quantile):
