@@ -4106,6 +4106,33 @@ def test_a_language_model_trains_on_the_labs_data_and_train_py_alone_refuses_it(
     assert [h["loss"] for h in record["history"]] == [h["loss"] for h in direct["history"]]
 
 
+def test_lm_slices_flag_the_label_whose_loss_they_slice_and_share_the_gap_by_seed():
+    """A hand-made context 3 1 2 4 1 2 5 1 (inputs its first 7 tokens, labels its last 7):
+    the bigram (1, 2) recurs at the context's token 5, which is label 4, so label 4 alone is
+    an AR hit (the input that ends the bigram is input 5: its flag, the token before, would
+    mark label 5). With per-label NLL 1 1 1 1 0.5 3 1 the AR
+    perplexity is e^0.5 and the other tokens' e^(8/6). Each model's gap share is against
+    attention of its own seed: hyena seed 1 minus attention seed 1 is 0 2 0 1 per token,
+    2 of 3 on the hit (against attention seed 0 it would be 2 of 6)."""
+    x, y = np.array([[3, 1, 2, 4, 1, 2, 5]]), np.array([[1, 2, 4, 1, 2, 5, 1]])
+    bigrams = mqar.bigram_counts(np.array([1, 2, 1, 2, 6]), 8)   # (1, 2) twice in training
+    hits = lm.label_hits(x, y, bigrams, 8, 2)
+    assert hits.tolist() == [[False, False, False, False, True, False, False]]
+    assert not lm.label_hits(x, y, bigrams, 8, 1).any()            # (1, 2) too common at 1
+    sliced = mqar.sliced_perplexity(np.array([[1, 1, 1, 1, 0.5, 3, 1]]), hits)
+    assert math.isclose(sliced["ppl_ar"], math.exp(0.5), rel_tol=1e-12), sliced
+    assert math.isclose(sliced["ppl_other"], math.exp(8 / 6), rel_tol=1e-12), sliced
+    hit = np.array([False, True, False, False])
+    nll = {("attention", 0): np.array([1., 1, 1, 1]), ("attention", 1): np.array([2., 1, 2, 2]),
+           ("hyena", 0): np.array([1., 2, 1, 2]), ("hyena", 1): np.array([2., 3, 2, 3]),
+           ("hyena", 2): np.array([5., 5, 5, 5])}
+    shares = lm.ar_shares(nll, hit)
+    assert sorted(shares) == sorted(nll)
+    assert math.isclose(shares["hyena", 0], 1 / 2, rel_tol=1e-12), shares
+    assert math.isclose(shares["hyena", 1], 2 / 3, rel_tol=1e-12), shares
+    assert all(math.isnan(shares[k]) for k in [("attention", 0), ("attention", 1), ("hyena", 2)])
+
+
 def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(
         tmp_path, monkeypatch):
     """Every model trains at every rate with the first seed, then at the rate of least
