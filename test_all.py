@@ -2649,6 +2649,56 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     assert "-s1-" in log.name and "ran" in log.read_text()
 
 
+def test_a_run_stopped_by_its_own_ctrl_c_stops_the_sweep_in_workers_and_in_one_process(
+        tmp_path, monkeypatch):
+    """A run that stops on a SIGINT of its own exits as train.py does then: status 130 (a
+    Python exit code, not the -2 of a process killed by the signal). With two workers the
+    sweep passes SIGINT on to the other running run, starts none of the three left and
+    raises KeyboardInterrupt; in one process (run_sweep, workers=1) train's
+    KeyboardInterrupt stops the sweep before the next run, and so does python train.py
+    --seeds=3 (exit status 130). The lab's one run is a script here: seed 0 exits 130 after
+    seed 1 has started, seed 1 exits 130 on the SIGINT passed on, any other seed exits 0;
+    each leaves a file that says it started."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(
+        "import signal, sys, time\nfrom pathlib import Path\n"
+        "seed = int(next(a for a in sys.argv if a.startswith('--seed=')).split('=')[1])\n"
+        f"Path({str(tmp_path)!r}, f'started{{seed}}').touch()\n"
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
+        "if seed == 0:\n"
+        f"    while not Path({str(tmp_path)!r}, 'started1').exists(): time.sleep(0.01)\n"
+        "    time.sleep(0.5)\n    sys.exit(130)\n"
+        "time.sleep(30 if seed == 1 else 0)\n")
+    monkeypatch.setattr(common, "ONE_RUN", [str(script)])
+    runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(5)]
+    start = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        common.run_in_processes(runs, figure2.make_config, 2, "test")
+    assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1"]
+    assert time.time() - start < 25, "seed 1 was not passed the SIGINT"
+    assert not list(tmp_path.glob("*.log"))               # stopped as asked: no failure
+    # one process: train raises KeyboardInterrupt for seed 1 (its own Ctrl-C)
+    trained = []
+    def fake_train(config, data=None):
+        trained.append(config.seed)
+        if config.seed == 1:
+            raise KeyboardInterrupt
+        return {"seed": config.seed}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, "train", fake_train)
+    sweep = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2, 3], seq_len=[16],
+                         num_kv_pairs=[2], vocab_size=[64], d_model=[16])}
+    with pytest.raises(KeyboardInterrupt):
+        common.run_sweep("own_ctrl_c", sweep, "cpu", figure2.make_config)
+    assert trained == [0, 1]
+    trained.clear()
+    monkeypatch.setattr(train, "train", fake_train)
+    monkeypatch.setattr(train, "runs_table", lambda records: "")
+    monkeypatch.setattr(train, "summarize", lambda records: "")
+    status = train.main(["--seeds=3", f"--out_dir={tmp_path / 'seeds'}", "--max_steps=1"])
+    assert (status, trained) == (130, [0, 1])
+
+
 def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path, monkeypatch):
     """submit_sweep with submitit's LocalExecutor (real processes, no Slurm): a job array of
     the sweep's runs; one job is cancelled mid-run (submitit sends SIGINT, then SIGKILL);
