@@ -3553,6 +3553,18 @@ def test_width_trend_is_a_permutation_test_of_the_correlation():
     assert common.width_trend(rising)[1] < 0.001
 
 
+def test_width_trend_correlates_accuracy_with_log2_of_the_width():
+    """Widths 32, 64, 128 (log2 d = 5, 6, 7), two seeds each, accuracies 0 .1, .5 .6, 1 1.1:
+    by hand, deviations of log2 d -1 -1 0 0 1 1 and of accuracy (mean .55) -.55 -.45 -.05
+    .05 .45 .55, so Sxy = 2, Sxx = 4, Syy = 1.015 and the correlation is 2 / √(4 · 1.015)
+    = 1 / √1.015 (against d itself it would be 0.9747). Only the 2!·2!·2! = 8 of the 720
+    orders that keep each width's pair of accuracies reach it: p ≈ 8 / 720 = 1 / 90."""
+    points = [(32, 0), (32, .1), (64, .5), (64, .6), (128, 1), (128, 1.1)]
+    corr, p = common.width_trend(points)
+    assert math.isclose(corr, 1 / math.sqrt(1.015), rel_tol=1e-9), corr
+    assert abs(p - 1 / 90) < 0.004, p
+
+
 def weights_of(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
