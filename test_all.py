@@ -2651,6 +2651,56 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     assert "-s1-" in log.name and "ran" in log.read_text()
 
 
+def test_a_run_stopped_by_its_own_ctrl_c_stops_the_sweep_in_workers_and_in_one_process(
+        tmp_path, monkeypatch):
+    """A run that stops on a SIGINT of its own exits as train.py does then: status 130 (a
+    Python exit code, not the -2 of a process killed by the signal). With two workers the
+    sweep passes SIGINT on to the other running run, starts none of the three left and
+    raises KeyboardInterrupt; in one process (run_sweep, workers=1) train's
+    KeyboardInterrupt stops the sweep before the next run, and so does python train.py
+    --seeds=3 (exit status 130). The lab's one run is a script here: seed 0 exits 130 after
+    seed 1 has started, seed 1 exits 130 on the SIGINT passed on, any other seed exits 0;
+    each leaves a file that says it started."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(
+        "import signal, sys, time\nfrom pathlib import Path\n"
+        "seed = int(next(a for a in sys.argv if a.startswith('--seed=')).split('=')[1])\n"
+        f"Path({str(tmp_path)!r}, f'started{{seed}}').touch()\n"
+        "signal.signal(signal.SIGINT, lambda *_: sys.exit(130))\n"
+        "if seed == 0:\n"
+        f"    while not Path({str(tmp_path)!r}, 'started1').exists(): time.sleep(0.01)\n"
+        "    time.sleep(0.5)\n    sys.exit(130)\n"
+        "time.sleep(30 if seed == 1 else 0)\n")
+    monkeypatch.setattr(common, "ONE_RUN", [str(script)])
+    runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(5)]
+    start = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        common.run_in_processes(runs, figure2.make_config, 2, "test")
+    assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1"]
+    assert time.time() - start < 25, "seed 1 was not passed the SIGINT"
+    assert not list(tmp_path.glob("*.log"))               # stopped as asked: no failure
+    # one process: train raises KeyboardInterrupt for seed 1 (its own Ctrl-C)
+    trained = []
+    def fake_train(config, data=None):
+        trained.append(config.seed)
+        if config.seed == 1:
+            raise KeyboardInterrupt
+        return {"seed": config.seed}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common, "train", fake_train)
+    sweep = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2, 3], seq_len=[16],
+                         num_kv_pairs=[2], vocab_size=[64], d_model=[16])}
+    with pytest.raises(KeyboardInterrupt):
+        common.run_sweep("own_ctrl_c", sweep, "cpu", figure2.make_config)
+    assert trained == [0, 1]
+    trained.clear()
+    monkeypatch.setattr(train, "train", fake_train)
+    monkeypatch.setattr(train, "runs_table", lambda records: "")
+    monkeypatch.setattr(train, "summarize", lambda records: "")
+    status = train.main(["--seeds=3", f"--out_dir={tmp_path / 'seeds'}", "--max_steps=1"])
+    assert (status, trained) == (130, [0, 1])
+
+
 def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path, monkeypatch):
     """submit_sweep with submitit's LocalExecutor (real processes, no Slurm): a job array of
     the sweep's runs; one job is cancelled mid-run (submitit sends SIGINT, then SIGKILL);
@@ -2932,6 +2982,22 @@ def test_cells_count_seeds_by_run_choose_the_lr_on_validation_only_and_give_a_t_
     del records[1]["valid_acc"]
     with pytest.raises(ValueError, match="the lr is chosen on validation only"):
         common.cells(records)
+
+
+def test_a_cell_takes_the_lr_whose_mean_validation_accuracy_over_seeds_is_best():
+    """Three lrs of one cell, built so that each rule picks a different one: 1e-3 has the
+    best single seed (validation 0.9) and the best test accuracy, 1e-2 the best worst seed
+    (0.52), 3e-3 the best mean over its seeds ((0.6 + 0.6 + 0.5) / 3 = 0.5667 against
+    (0.9 + 0.1 + 0.1) / 3 = 0.3667 and 0.52). The cell takes 3e-3 and reports its mean test
+    accuracy (0.4 + 0.5 + 0.6) / 3 = 0.5, not a best seed's."""
+    valid = {1e-3: (0.9, 0.1, 0.1), 3e-3: (0.6, 0.6, 0.5), 1e-2: (0.52, 0.52, 0.52)}
+    test = {1e-3: (0.95, 0.9, 0.85), 3e-3: (0.4, 0.5, 0.6), 1e-2: (0.7, 0.7, 0.7)}
+    records = [fake_record(lr, s, test[lr][s], valid[lr][s]) for lr in valid for s in range(3)]
+    [row] = common.cells(records)
+    assert (row["lr"], row["seeds"]) == (3e-3, 3), row["lr"]
+    assert math.isclose(row["valid_acc"], 1.7 / 3, rel_tol=1e-12), row["valid_acc"]
+    assert math.isclose(row["test_acc"], 0.5, rel_tol=1e-12), row["test_acc"]
+    assert sorted(r["test_acc"] for r in row["runs"]) == [0.4, 0.5, 0.6]
 
 
 @pytest.mark.parametrize("dof, quantile", [(1, 12.70620474), (2, 4.30265273), (5, 2.57058184),
@@ -3576,6 +3642,18 @@ def test_width_trend_is_a_permutation_test_of_the_correlation():
     assert common.width_trend(rising)[1] < 0.001
 
 
+def test_width_trend_correlates_accuracy_with_log2_of_the_width():
+    """Widths 32, 64, 128 (log2 d = 5, 6, 7), two seeds each, accuracies 0 .1, .5 .6, 1 1.1:
+    by hand, deviations of log2 d -1 -1 0 0 1 1 and of accuracy (mean .55) -.55 -.45 -.05
+    .05 .45 .55, so Sxy = 2, Sxx = 4, Syy = 1.015 and the correlation is 2 / √(4 · 1.015)
+    = 1 / √1.015 (against d itself it would be 0.9747). Only the 2!·2!·2! = 8 of the 720
+    orders that keep each width's pair of accuracies reach it: p ≈ 8 / 720 = 1 / 90."""
+    points = [(32, 0), (32, .1), (64, .5), (64, .6), (128, 1), (128, 1.1)]
+    corr, p = common.width_trend(points)
+    assert math.isclose(corr, 1 / math.sqrt(1.015), rel_tol=1e-9), corr
+    assert abs(p - 1 / 90) < 0.004, p
+
+
 def weights_of(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -4177,6 +4255,33 @@ def test_a_language_model_trains_on_the_labs_data_and_train_py_alone_refuses_it(
     [record] = common.load_records(tmp_path / "one_run")
     assert record["steps"] == direct["steps"] == 4
     assert [h["loss"] for h in record["history"]] == [h["loss"] for h in direct["history"]]
+
+
+def test_lm_slices_flag_the_label_whose_loss_they_slice_and_share_the_gap_by_seed():
+    """A hand-made context 3 1 2 4 1 2 5 1 (inputs its first 7 tokens, labels its last 7):
+    the bigram (1, 2) recurs at the context's token 5, which is label 4, so label 4 alone is
+    an AR hit (the input that ends the bigram is input 5: its flag, the token before, would
+    mark label 5). With per-label NLL 1 1 1 1 0.5 3 1 the AR
+    perplexity is e^0.5 and the other tokens' e^(8/6). Each model's gap share is against
+    attention of its own seed: hyena seed 1 minus attention seed 1 is 0 2 0 1 per token,
+    2 of 3 on the hit (against attention seed 0 it would be 2 of 6)."""
+    x, y = np.array([[3, 1, 2, 4, 1, 2, 5]]), np.array([[1, 2, 4, 1, 2, 5, 1]])
+    bigrams = mqar.bigram_counts(np.array([1, 2, 1, 2, 6]), 8)   # (1, 2) twice in training
+    hits = lm.label_hits(x, y, bigrams, 8, 2)
+    assert hits.tolist() == [[False, False, False, False, True, False, False]]
+    assert not lm.label_hits(x, y, bigrams, 8, 1).any()            # (1, 2) too common at 1
+    sliced = mqar.sliced_perplexity(np.array([[1, 1, 1, 1, 0.5, 3, 1]]), hits)
+    assert math.isclose(sliced["ppl_ar"], math.exp(0.5), rel_tol=1e-12), sliced
+    assert math.isclose(sliced["ppl_other"], math.exp(8 / 6), rel_tol=1e-12), sliced
+    hit = np.array([False, True, False, False])
+    nll = {("attention", 0): np.array([1., 1, 1, 1]), ("attention", 1): np.array([2., 1, 2, 2]),
+           ("hyena", 0): np.array([1., 2, 1, 2]), ("hyena", 1): np.array([2., 3, 2, 3]),
+           ("hyena", 2): np.array([5., 5, 5, 5])}
+    shares = lm.ar_shares(nll, hit)
+    assert sorted(shares) == sorted(nll)
+    assert math.isclose(shares["hyena", 0], 1 / 2, rel_tol=1e-12), shares
+    assert math.isclose(shares["hyena", 1], 2 / 3, rel_tol=1e-12), shares
+    assert all(math.isnan(shares[k]) for k in [("attention", 0), ("attention", 1), ("hyena", 2)])
 
 
 def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes(

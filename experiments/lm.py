@@ -221,6 +221,24 @@ def trained_model(config):
     return model, record
 
 
+def label_hits(inputs, labels, train_bigrams, vocab_size, threshold):
+    """(B, T) bool: whether labels[:, t], the token whose loss token_nll gives at t, is an AR
+    hit (mqar.ar_hits) of its context inputs[:, 0] followed by labels (inputs, labels: the
+    (B, T) pairs of lm_data). The flag of the context's token t + 1, the label's own, not of
+    the input before it."""
+    contexts = np.concatenate([np.asarray(inputs)[:, :1], np.asarray(labels)], 1)   # (B, T + 1)
+    return ar_hits(contexts, train_bigrams, vocab_size, threshold)[:, 1:]
+
+
+def ar_shares(nll, hits):
+    """{(label, seed): the share of its perplexity gap to attention of the same seed that
+    the AR hits carry (ar_gap_share)}, from nll {(label, seed): per-token NLL}; nan for
+    attention itself and where that seed has no attention run."""
+    return {(label, seed): (math.nan if label == "attention" or ("attention", seed) not in nll
+                            else ar_gap_share(nll["attention", seed], values, hits))
+            for (label, seed), values in nll.items()}
+
+
 def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     """Section 3.1 on a corpus: LM_MODELS with LM_RECIPE (and `overrides`, Config keys).
 
@@ -265,12 +283,12 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     _, (x_test, y_test), _ = lm_data(any_run)
     train_ids, _, vocabulary = corpus_streams(any_run.corpus or None, any_run.vocab_size)
     threshold = scaled_threshold(len(train_ids)) if threshold is None else threshold
-    contexts = torch.cat([x_test[:, :1], y_test], 1).numpy()                 # (B, T + 1)
     # the AR hits at the experiment's threshold and, to show how the slice depends on the
     # frequency cut, at looser ones and at none (no bigram occurs more often than that)
     bigrams = bigram_counts(train_ids, len(vocabulary))
     thresholds = sorted({threshold, 10, 100, len(train_ids)})
-    hits = {t: ar_hits(contexts, bigrams, len(vocabulary), t)[:, 1:] for t in thresholds}
+    hits = {t: label_hits(x_test.numpy(), y_test.numpy(), bigrams, len(vocabulary), t)
+            for t in thresholds}
     # appendix G at the models' own length: P up to seq_len / 4, the vocabulary but <unk>
     # and <eof>, its most frequent character (id 2) as the filler
     pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= any_run.seq_len]
@@ -292,11 +310,9 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
             appendix_g=appendix_g(lambda ids: model.logits(model(ids)),
                                   torch.arange(2, len(vocabulary)), 2, pairs, g_samples,
                                   any_run.seq_len, batch_size=50)))
+    shares = ar_shares(nll, hits[threshold])
     for row in rows:
-        reference = nll.get(("attention", row["seed"]))
-        row["ar_share"] = (math.nan if reference is None or row["label"] == "attention" else
-                           ar_gap_share(reference, nll[row["label"], row["seed"]],
-                                        hits[threshold]))
+        row["ar_share"] = shares[row["label"], row["seed"]]
     summary = dict(corpus=any_run.corpus or "the Python standard library",
                    train_tokens=len(train_ids), threshold=threshold, lrs=list(lrs),
                    seeds=list(seeds), tokens_per_step=any_run.batch_size * any_run.seq_len,
