@@ -4616,6 +4616,17 @@ def test_find_confusion_agrees_with_the_pairwise_loop(c_k, c_v, D, distinct):
     assert th.find_confusion(ctx, candidates[-1], c_k) is None
 
 
+def test_key_query_distances_reach_back_to_the_key_not_an_earlier_query():
+    """A key queried twice (key 7 with value 1 at positions 0-1, its queries at 2 and 4):
+    both queries read the key's position 0, so the distances are 2 and 4, not 2 and 2 (the
+    latest earlier 7 is the first query, whose next token is no value)."""
+    tokens = torch.tensor([[7, 1, 7, 3, 7, 5]])
+    labels = torch.full_like(tokens, IGNORE)
+    labels[0, 2] = labels[0, 4] = 1
+    assert th.key_query_distances(tokens, labels) == [2, 4]
+    assert th.needed_distances(tokens, labels) == [[2, 4]]
+
+
 def test_retnet_state_loop_equals_parallel_form():
     k, v = rand(3, 5, 4, seed=0), rand(3, 5, 2, seed=1)
     for gamma in (1.0, 0.9):
