@@ -39,13 +39,13 @@ and the recall mixers since, each with a recurrent reference and a chunked fast 
 Two forms, where the paper and the code behind its figures differ. Where the paper's text
 (or the mixer's own paper) defines the operator, that form is the class in MIXERS, and it
 reads straight through. Where the official code (HazyResearch/zoology, read at commit
-d88d6f5) trained something else for a figure, a class of its own beside it computes that
-(OFFICIAL_FORMS: OfficialBaseConv, OfficialHyena, OfficialH3, OfficialRWKV,
-OfficialSelectiveAttention), and its docstring names the file and each difference;
-test_all.py checks every official form against a literal transcription of the official
-forward. build_mixer(name, d_model, seq_len, form="official") builds one, as the mixer
-option form=official does in train.py; `--preset=figure2` assembles the forms Figure 2
-used. Under each paper form's heading, one line says what to copy to use it elsewhere.
+d88d6f5) trained something else for a figure, a class of its own computes that, in the lab:
+experiments/official.py (OfficialBaseConv, OfficialHyena, OfficialH3, OfficialRWKV,
+OfficialSelectiveAttention), each docstring naming the file and each difference. The mixer
+option form=official (build_mixer(name, d_model, seq_len, form="official")) loads the one
+OFFICIAL_FORMS names, as a mixer of your own is loaded; `--preset=figure2` assembles the
+forms Figure 2 used. Under each paper form's heading, one line says what to copy to use it
+elsewhere.
 
 The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, and the
 official forms alike):
@@ -107,10 +107,8 @@ import importlib
 import inspect
 import math
 import sys
-import time
 import types
 from collections import namedtuple
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -562,7 +560,7 @@ class ImplicitFilter(nn.Module):
     An MLP with sine activations maps the positional features z_n (positional_features, at
     frequencies 1..4) to one value per channel: hidden width 32, one inner layer, sin(x);
     an exponential decay window (exponential_decay) fades it. Parameters do not grow with
-    the length. The official code's filter is OfficialImplicitFilter.
+    the length. The official code's filter is experiments/official.py's OfficialImplicitFilter.
     `keeps_own_init`: a model's default initialisation leaves the MLP as PyTorch draws it,
     so that the filter starts non-trivial (the official init re-draws it at N(0, 0.02)).
     """
@@ -585,21 +583,6 @@ class ImplicitFilter(nn.Module):
         for layer in self.layers:
             a = self.activation(layer(a))                                   # (K, hidden)
         return self.out(a).T * self.decay                                    # (channels, K)
-
-
-class OfficialImplicitFilter(ImplicitFilter):
-    """Zoology's hyena.Filter as Figure 2's Hyena ran it (emb_dim=3, order=64,
-    num_inner_mlps=2, w=1): the official features (OFFICIAL_FREQUENCIES), which are a
-    parameter there, hidden width 64, two inner layers, and sin(a ⊙ x) with one learned
-    frequency vector a (starting at 1) shared by its three activations."""
-
-    def __init__(self, channels, length):
-        super().__init__(channels, length, hidden=64, inner=2, frequencies=OFFICIAL_FREQUENCIES)
-        self.z = nn.Parameter(self.z)            # learned there; a buffer no more
-        self.frequency = nn.Parameter(torch.ones(64))
-
-    def activation(self, a):
-        return torch.sin(self.frequency * a)
 
 
 class MLPFilter(nn.Module):
@@ -720,7 +703,7 @@ class BaseConv(Mixer):
     To copy: this class, base_conv, ExplicitFilter, causal_conv with CONV_IMPLS
     (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice
     and check_positive.
-    The layer Figure 2 trained is OfficialBaseConv (form="official").
+    The layer Figure 2 trained is experiments/official.py's OfficialBaseConv (form="official").
     """
 
     def __init__(self, d_model, seq_len, kernel_size=None, impl="fast"):
@@ -764,59 +747,6 @@ class BaseConv(Mixer):
         return min(t, self.kernel_size - 1) * self.proj.in_features + (t > 0)
 
 
-class OfficialBaseConv(Mixer):
-    """form="official": Zoology's BaseConv (zoology/mixers/base_conv.py), the layer Figure
-    2's BaseConv rows were trained with: y = conv(u) ⊙ (u·W + b) + u.
-
-    For a short filter (kernel_size=3 in Figure 2) conv is an nn.Conv1d: h ∗ u plus a
-    per-channel bias, both drawn as PyTorch draws a Conv1d. For a long one conv(u) = h ∗ u + u
-    (its fft_conv adds u), with h the ReLU MLP of ImplicitLongConvolution (MLPFilter), no
-    decay window. Figure 2 stacks a short and a long layer (configs.py: kernel_size
-    [3, -1, 3, -1]).
-    filter: None picks the official one ("explicit" for a short filter, "mlp" for a long
-    one); any key of FILTERS may be given.
-    `step` keeps the last K-1 inputs: min(t, K-1)·d numbers.
-    To copy: this class, conv1d_init_, FILTERS (ExplicitFilter, ImplicitFilter and MLPFilter,
-    with positional_features, exponential_decay and OFFICIAL_FREQUENCIES), causal_conv with
-    CONV_IMPLS (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer,
-    check_choice and check_positive.
-    """
-
-    def __init__(self, d_model, seq_len, kernel_size=None, filter=None, impl="fast"):
-        super().__init__()
-        check_positive("seq_len", seq_len)
-        if kernel_size is not None:
-            check_positive("kernel_size", kernel_size,
-                           "an integer >= 1, or None for a filter of seq_len taps")
-        self.kernel_size = seq_len if kernel_size is None else kernel_size
-        self.long = self.kernel_size >= seq_len
-        if filter is None:
-            filter = "mlp" if self.long else "explicit"
-        check_choice("filter", filter, tuple(FILTERS))
-        check_choice("impl", impl, tuple(CONV_IMPLS))
-        self.impl = impl
-        self.proj = nn.Linear(d_model, d_model)
-        self.filter = FILTERS[filter](d_model, self.kernel_size)
-        if not self.long:                     # an nn.Conv1d: its bias, and its taps if explicit
-            self.conv_bias = nn.Parameter(torch.empty(d_model))
-            conv1d_init_(self.conv_bias, *([self.filter.h] if filter == "explicit" else []),
-                         fan_in=self.kernel_size)
-
-    def _mix(self, u, past):
-        conv, past = causal_conv(u, self.filter(), self.impl, past)
-        return (conv + (u if self.long else self.conv_bias)) * self.proj(u) + u, past
-
-    def forward(self, x):
-        return self._mix(x, None)[0]
-
-    def step(self, x_t, state=None):
-        y, past = self._mix(x_t[:, None], None if state is None else state[0])
-        return y[:, 0], (past,)
-
-    def state_size(self, t):
-        return min(t, self.kernel_size - 1) * self.proj.in_features
-
-
 # ----------------------------------------------------------------------------------------
 # Hyena (appendix H.2.1, Algorithm 3)
 
@@ -844,7 +774,7 @@ class Hyena(Mixer):
     To copy: this class, hyena_operator, ImplicitFilter (with positional_features and
     exponential_decay), ExplicitFilter, causal_conv with CONV_IMPLS (causal_conv_direct,
     causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice and check_positive.
-    The layer Figure 2 trained is OfficialHyena (form="official").
+    The layer Figure 2 trained is experiments/official.py's OfficialHyena (form="official").
     """
 
     def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
@@ -881,71 +811,6 @@ class Hyena(Mixer):
         d, L = self.d_model, self.order
         return (min(t, self.short_kernel_size - 1) * (L + 1) * d
                 + L * min(t, self.seq_len - 1) * d)
-
-
-def hyena_official_operator(x1, x2, v, h, bias, impl="fast", state=None):
-    """The official order-2 Hyena (zoology/mixers/hyena.py): gate before and after one long
-    convolution, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)).
-
-    x1, x2, v: (B, T, d); h: (d, K); bias: (d,), the fftconv's per-channel skip term.
-    state: the convolution's input history, as hyena_operator's (a tuple of one).
-    """
-    z = x1 * v                                                               # pre-gate
-    conv, past = causal_conv(z, h, impl, None if state is None else state[0])
-    return x2 * (conv + bias * z), (past,)
-
-
-class OfficialHyena(Mixer):
-    """form="official": Zoology's Hyena as Figure 2 ran it (hyena.py, filter_order=64,
-    short_filter_order=3). The same in_proj and short convolution as Hyena's (an nn.Conv1d,
-    so with a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
-    convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
-    bias ~ N(0, 1) per channel and h the official filter (OfficialImplicitFilter). Its
-    "order 2" counts the gates; Algorithm 3's L counts convolutions: only order=2.
-    `step`'s state: min(t, K_short-1)·3·d + min(t, seq_len-1)·d numbers.
-    To copy: this class, hyena_official_operator, OfficialImplicitFilter (with ImplicitFilter,
-    positional_features, exponential_decay and OFFICIAL_FREQUENCIES), ExplicitFilter,
-    conv1d_init_, causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft,
-    causal_conv_fast, SHORT_FILTER), Mixer, check_choice and check_positive.
-    """
-
-    def __init__(self, d_model, seq_len, order=2, short_kernel_size=3, impl="fast"):
-        super().__init__()
-        check_positive("seq_len", seq_len)
-        check_positive("short_kernel_size", short_kernel_size)
-        check_choice("impl", impl, tuple(CONV_IMPLS))
-        if order != 2:
-            raise ValueError(f"order={order} is not allowed with form='official': the "
-                             "official operator has order 2 (two gates, one convolution)")
-        self.d_model, self.seq_len, self.impl = d_model, seq_len, impl
-        self.short_kernel_size = short_kernel_size
-        self.in_proj = nn.Linear(d_model, 3 * d_model)
-        self.short_filter = ExplicitFilter(3 * d_model, short_kernel_size)
-        self.long_filter = OfficialImplicitFilter(d_model, seq_len)
-        self.short_bias = nn.Parameter(torch.empty(3 * d_model))
-        conv1d_init_(self.short_filter.h, self.short_bias, fan_in=short_kernel_size)
-        self.bias = nn.Parameter(torch.randn(d_model))
-        self.out_proj = nn.Linear(d_model, d_model)
-
-    def _mix(self, x, state):
-        d = x.shape[-1]
-        u, short_past = causal_conv(self.in_proj(x), self.short_filter(), self.impl,
-                                    None if state is None else state[0])
-        x1, x2, v = (u + self.short_bias).split(d, dim=-1)
-        y, pasts = hyena_official_operator(x1, x2, v, self.long_filter(), self.bias,
-                                           self.impl, None if state is None else state[1:])
-        return self.out_proj(y), (short_past, *pasts)
-
-    def forward(self, x):
-        return self._mix(x, None)[0]
-
-    def step(self, x_t, state=None):
-        y, state = self._mix(x_t[:, None], state)
-        return y[:, 0], state
-
-    def state_size(self, t):
-        return (min(t, self.short_kernel_size - 1) * 3 * self.d_model
-                + min(t, self.seq_len - 1) * self.d_model)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1027,7 +892,7 @@ class H3(Mixer):
     SSM_DISCRETIZATIONS), exp_complex, ExplicitFilter, causal_conv with CONV_IMPLS
     (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice,
     check_divides and check_positive.
-    The layer Figure 2 trained is OfficialH3 (form="official").
+    The layer Figure 2 trained is experiments/official.py's OfficialH3 (form="official").
     """
 
     rescale_out_proj = False   # the official output_linear escapes its _init_weights' rescale
@@ -1108,27 +973,6 @@ class H3(Mixer):
     def shift_taps(self, d_model, shift_size):
         """The shift SSM's C, a filter of shift_size taps, as first drawn."""
         return ExplicitFilter(d_model, shift_size)
-
-
-class OfficialH3(H3):
-    """form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with d_state=N
-    and head_dim=2 (configs.py; set those two as options): the bilinear discretization of
-    its SSKernelDiag, shift taps drawn as its SSKernelShift draws C (U(±1/√n)) plus its skip
-    ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official kernels also train B (the
-    shift SSM's, starting at e_0, and the diagonal SSM's, starting at 1), which only
-    reparametrises the same kernels; its output channels come in (j, head) order, a
-    permutation that the output projection absorbs.
-    To copy: this class, conv1d_init_ and H3 with what its line names.
-    """
-
-    discretization = "bilinear"
-
-    def shift_taps(self, d_model, shift_size):
-        taps = ExplicitFilter(d_model, shift_size)
-        conv1d_init_(taps.h, fan_in=shift_size)
-        with torch.no_grad():
-            taps.h[:, 0] += torch.randn(d_model)
-        return taps
 
 
 # ----------------------------------------------------------------------------------------
@@ -1280,7 +1124,8 @@ class RWKV(Mixer):
     State of `step`: (a, b, p) of wkv and the previous input: 4·d numbers at every t.
     To copy: this class, WKV_IMPLS (wkv_chunked, wkv_reference), wkv_step (with _merge, _empty,
     _add_term, _pad_to_chunks), _at_least_float32, Mixer, check_choice and check_positive.
-    The layer Figure 2 trained is OfficialRWKV (form="official"), which starts from other values.
+    The layer Figure 2 trained is experiments/official.py's OfficialRWKV
+    (form="official"), which starts from other values.
     """
 
     rescale_out_proj = False   # the official layer is named `output`: no rescale
@@ -1322,33 +1167,6 @@ class RWKV(Mixer):
 
     def state_size(self, t):
         return 4 * self.out_proj.in_features if t else 0
-
-
-class OfficialRWKV(RWKV):
-    """form="official": RWKVTimeMixer's initialisation (zoology/mixers/rwkv.py), which ramps
-    with the layer: with a = layer_idx/(n_layer-1), b = 1 - layer_idx/n_layer and the
-    official default n_layer = 12 (Figure 2's configs do not pass it),
-    w_log = -5 + 8·(i/(d-1))^(0.7 + 1.3a), u = log 0.3 + 0.5·((i+1) mod 3 - 1),
-    μ_k = (i/d)^b, μ_v = (i/d)^b + 0.3a, μ_r = (i/d)^(b/2). The same layer as RWKV's
-    otherwise. Deviation: the official CUDA kernel returns wkv in bfloat16; ours stays in
-    the input's precision.
-    To copy: this class and RWKV with what its line names.
-    """
-
-    def __init__(self, d_model, seq_len, layer_idx=0, impl="fast", chunk_size=64):
-        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
-            raise ValueError(f"layer_idx={layer_idx!r} is not allowed: layer_idx must be an "
-                             "integer >= 0")
-        super().__init__(d_model, seq_len, impl, chunk_size)
-        d, n_layer = d_model, 12
-        i = torch.arange(d, dtype=torch.float32)
-        a, b = layer_idx / (n_layer - 1), 1 - layer_idx / n_layer
-        with torch.no_grad():                    # values only: nothing random is drawn
-            self.w_log.copy_(-5 + 8 * (i / max(d - 1, 1)) ** (0.7 + 1.3 * a))
-            self.u.copy_(math.log(0.3) + 0.5 * ((i + 1) % 3 - 1))
-            self.mix_r.copy_((i / d) ** (0.5 * b))
-            self.mix_k.copy_((i / d) ** b)
-            self.mix_v.copy_((i / d) ** b + 0.3 * a)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1850,12 +1668,6 @@ def selection_aux_loss(f, k):
     return torch.relu(f.sum(-1) - k).mean() / f.shape[-1]
 
 
-def official_selection_aux_loss(f, k):
-    """max(0, mean(f) - k/N), the mean over batch and positions: the official
-    SigmoidLookups' penalty (before its weight). f (B, N)."""
-    return torch.relu(f.mean() - k / f.shape[-1])
-
-
 def top_k_rows(scores, k):
     """The paper's inference rule: keep the k highest-scoring rows of the WHOLE sequence.
 
@@ -1876,7 +1688,7 @@ class SelectiveAttention(Mixer):
     depends on later scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row
     on, as attention) and is a separate parameter so a model's "biases 0" initialisation
     leaves it alone. top_k defaults to N/4, aux_weight to 1. The official code's learned
-    selection is OfficialSelectiveAttention (form="official").
+    selection is experiments/official.py's OfficialSelectiveAttention (form="official").
     selection="programmatic" needs the token ids (`takes_tokens`). It keeps every row whose
     token appeared before (on MQAR with the filler 0: every row after the context but the
     filler's first, N - 2D - 1 of N), or, given top_k, the first repeat of each token, the
@@ -1897,6 +1709,7 @@ class SelectiveAttention(Mixer):
     """
 
     takes_tokens = True
+    selected = None     # after a forward: the rows it kept, (B, T) (train.selected_rows)
     # uses_positions stays False: in train.py's CPU recipe (N=64, D=4, d=64, 1000 steps, seed 0)
     # a pure selective-attention model reached 0.860 without positions, 0.242 with learned ones
 
@@ -1992,53 +1805,6 @@ class SelectiveAttention(Mixer):
         if self.selection == "programmatic":
             return 2 * t * d + t + (self.top_k is not None)         # token ids (and count)
         return 2 * t * d + (self.seq_len if self.selection == "random" else 0)
-
-
-class OfficialSelectiveAttention(Mixer):
-    """form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), a learned
-    selection: f = σ(u w) without a bias (w drawn N(0, 0.02), as the official init draws
-    its nn.Linear(d, 1, bias=False)), y = f ⊙ attention(u) + u (the input passes through
-    every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions with
-    aux_weight 0.001 and k = √N (its defaults). At inference (inference="topk", its rule)
-    the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u; "threshold" keeps
-    the rows with f > 0.5 (causal: `step` runs it). State of `step`: the KV cache, 2·t·d.
-    To copy: this class, top_k_rows, official_selection_aux_loss and Attention with what its
-    line names.
-    """
-
-    def __init__(self, d_model, seq_len, num_heads=1, top_k=None, inference="topk",
-                 aux_weight=0.001, impl="fast"):
-        super().__init__()
-        check_choice("inference", inference, ("threshold", "topk"))
-        if top_k is not None:
-            check_positive("top_k", top_k)
-        if not aux_weight >= 0:
-            raise ValueError(f"aux_weight={aux_weight!r} is not allowed: it must be >= 0")
-        self.inference, self.top_k, self.aux_weight = inference, top_k, aux_weight
-        self.attention = Attention(d_model, seq_len, num_heads=num_heads, impl=impl)
-        self.gate = nn.Parameter(0.02 * torch.randn(d_model))
-
-    def forward(self, x, tokens=None):
-        f = torch.sigmoid(x @ self.gate)                                     # (B, T)
-        k = self.top_k if self.top_k is not None else math.sqrt(x.shape[1])
-        self.aux_loss = self.aux_weight * official_selection_aux_loss(f, k)
-        if not self.training:         # the kept rows carry their soft f
-            f = f * (top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5)
-        self.selected = f.detach()                 # the last forward's rows (train.py counts)
-        return self.attention(x) * f[..., None] + x
-
-    def step(self, x_t, state=None):
-        if self.inference == "topk":
-            raise ValueError("inference='topk' is not allowed in step: the whole-sequence "
-                             "top-k is not causal; use inference='threshold'")
-        y, kv = self.attention.step(x_t, state)
-        f = torch.sigmoid(x_t @ self.gate)                                   # (B,)
-        if not self.training:
-            f = f * (f > 0.5)
-        return y * f[:, None] + x_t, kv
-
-    def state_size(self, t):
-        return 2 * t * self.attention.out_proj.in_features
 
 
 # ----------------------------------------------------------------------------------------
@@ -2893,21 +2659,23 @@ MIXERS = {
     "rwkv7": RWKV7,
 }
 # form="official": the official code's layer, where a figure or section (Figure 2, Section 5)
-# trained another than the paper's
-OFFICIAL_FORMS = {"base_conv": OfficialBaseConv, "hyena": OfficialHyena, "h3": OfficialH3,
-                  "rwkv": OfficialRWKV, "selective_attention": OfficialSelectiveAttention}
+# trained another than the paper's. They live in the lab, experiments/official.py, and load
+# as a mixer of your own does, by name, when a run asks for one
+OFFICIAL_FORMS = {name: f"experiments.official:Official{cls}" for name, cls in [
+    ("base_conv", "BaseConv"), ("hyena", "Hyena"), ("h3", "H3"), ("rwkv", "RWKV"),
+    ("selective_attention", "SelectiveAttention")]}
 
 
 def mixer_class(name, form="paper"):
     """The class of mixer `name` in `form`: "paper" (MIXERS) or, where the official code
-    trained another layer for a figure, "official" (OFFICIAL_FORMS); the class of a mixer of
-    your own, "source:Class", is the one its file defines (load_outside)."""
+    trained another layer for a figure, "official" (the class OFFICIAL_FORMS names); the
+    class of a mixer of your own, "source:Class", is the one its file defines (load_outside)."""
     if is_outside(name):
         check_choice("form", form, ("paper",))
         return load_outside(name)[0]
     check_choice("mixer", name, tuple(MIXERS))
     check_choice("form", form, ("paper", "official") if name in OFFICIAL_FORMS else ("paper",))
-    return OFFICIAL_FORMS[name] if form == "official" else MIXERS[name]
+    return load_outside(OFFICIAL_FORMS[name])[0] if form == "official" else MIXERS[name]
 
 
 def build_mixer(name, d_model, seq_len, form="paper", **options):
@@ -3237,113 +3005,26 @@ def check_command(entry, d_model=64, seq_len=64):
     return 1 if any(r.status == "fail" for r in results) else 0
 
 
-# ----------------------------------------------------------------------------------------
-# benchmark: fast form vs reference for every mixer
-
-BENCH_VARIANTS = [("long_conv", dict(filter="implicit")), ("base_conv", dict(kernel_size=3)),
-                  ("base_conv", dict(form="official")), ("hyena", dict(form="official")),
-                  ("h3", dict(form="official", head_dim=2))]
-
-
-def _forward_seconds(mixer, x, budget=1.0, max_calls=10):
-    """Best time of up to `max_calls` calls made within `budget` seconds (at least one; the
-    first is also the warm-up). The minimum is the least disturbed by other processes."""
-    times, start = [], time.perf_counter()
-    with torch.no_grad():
-        while not times or (len(times) < max_calls and time.perf_counter() - start < budget):
-            t0 = time.perf_counter()
-            mixer(x)
-            times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
-    """Forward time of each mixer's fast form and reference, and its state size. fast/attn is
-    the fast form's time over attention's fast form (scaled_dot_product_attention) at the
-    same shape. One thread by default: timings on a shared machine vary less."""
-    check_positive("threads", threads)
-    torch.manual_seed(0)
-    torch.set_num_threads(threads)
-    print(f"float32, torch.set_num_threads({threads}); seconds per forward: the best of up "
-          f"to 10 calls within 1 s")
-    rows = [(name, {}) for name in MIXERS] + BENCH_VARIANTS
-    print(f"{'mixer':<28}{'B':>3}{'T':>6}{'d':>4}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}"
-          f"{'fast/attn':>10}{'state':>10}")
-    for B, T, d in shapes:
-        x = torch.randn(B, T, d)
-        for name, kwargs in rows:
-            label = name + "".join(f" {k}={v}" for k, v in kwargs.items())
-            fast = build_mixer(name, d, T, impl="fast", **kwargs)
-            ref = build_mixer(name, d, T, impl="reference", **kwargs)
-            ref.load_state_dict(fast.state_dict())
-            extra = {"tokens": torch.randint(0, 16, (B, T))} if fast.takes_tokens else {}
-            tf, tr = (_forward_seconds(partial(m, **extra), x) for m in (fast, ref))
-            if name == "attention":
-                t_attention = tf                              # the first row of MIXERS
-            print(f"{label:<28}{B:>3}{T:>6}{d:>4}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}"
-                  f"{tf / t_attention:>10.2f}{fast.state_size(T):>10}")
-    # the windowed forms alone: the rows above also time the projections, which cost every
-    # attention module the same and so bound the windowed modules' fast/attn from below
-    B, T, d = shapes[-1]
-    q, k, v = (torch.randn(B, 1, T, d) for _ in range(3))
-    t_full, ratios = _forward_seconds(lambda q: attention_fast(q, k, v), q), []
-    for f in (sliding_window_fast, blocked_attention_fast):
-        t = _forward_seconds(lambda q: f(q, k, v, 32), q)
-        ratios.append(f"{f.__name__}(q, k, v, 32) {t / t_full:.3f}")
-    print(f"time over attention_fast(q, k, v)'s at (B, H, T, hs) = {(B, 1, T, d)}: "
-          + ", ".join(ratios))
-    # the recurrences alone, on the arguments each layer hands them at (B, T, d): the rows
-    # above also time what a layer's two forms share (projections, short convolutions,
-    # norms, gates), which bounds a layer's ref/fast from above
-    print(f"the recurrences alone at (B, T, d) = {(B, T, d)}, as each layer calls them:")
-    print(f"{'mixer':<16}{'function':<24}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}")
-    x = torch.randn(B, T, d)
-    for name, impls in RECURRENCES:
-        args, kwargs = _recurrence_call(name, impls, x)
-        tf, tr = (_forward_seconds(lambda _: impls[form](*args, **kwargs), None)
-                  for form in ("fast", "reference"))
-        print(f"{name:<16}{impls['fast'].__name__:<24}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}")
-
-
-# the mixers whose recurrence has a fast form beside its reference, and their forms
-RECURRENCES = [("rwkv", WKV_IMPLS), ("retnet", RETENTION_IMPLS), ("based", BASED_IMPLS),
-               ("mamba", SCAN_IMPLS), ("gla", GLA_IMPLS), ("mamba2", SSD_IMPLS),
-               ("deltanet", DELTA_RULE_IMPLS), ("gated_deltanet", DELTA_RULE_IMPLS),
-               ("rwkv7", DPLR_IMPLS)]
-
-
-def _recurrence_call(name, impls, x):
-    """The (args, kwargs) that mixer `name`'s fast form hands impls["fast"] on x."""
-    calls, fast = [], impls["fast"]
-    impls["fast"] = lambda *args, **kwargs: calls.append((args, kwargs)) or fast(*args, **kwargs)
-    try:
-        with torch.no_grad():
-            build_mixer(name, x.shape[-1], x.shape[1])(x)
-    finally:
-        impls["fast"] = fast
-    return calls[0]
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true", help="time every mixer")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for --bench (default 1: steadier timings)")
+    parser.add_argument("--bench", action="store_true",
+                        help="moved: python -m experiments --bench=mixers [--threads=COUNT]")
     parser.add_argument("--check", metavar="MIXER",
                         help="check the mixer contract on MIXER: path/to/file.py:Class, "
                              "package.module:Class or a name of MIXERS, with :key=value options")
     parser.add_argument("--d_model", type=int, default=64, help="d of --check (default 64)")
     parser.add_argument("--seq_len", type=int, default=64, help="T of --check (default 64)")
     args = parser.parse_args()
+    if args.bench:
+        parser.error("the benchmark is the lab's now: python -m experiments --bench=mixers "
+                     "[--threads=COUNT]")
     try:
-        for key in ("threads", "d_model", "seq_len"):
+        for key in ("d_model", "seq_len"):
             check_positive(key, getattr(args, key))
     except ValueError as error:
         parser.error(str(error))
     if args.check:
         sys.exit(check_command(args.check, args.d_model, args.seq_len))
-    if args.bench:
-        bench(threads=args.threads)
     else:
         for name, cls in MIXERS.items():
             m = cls(64, 64)

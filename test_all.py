@@ -35,7 +35,7 @@ import mixers
 import mqar
 import theory as th
 import train
-from experiments import bench, cli, common, figure2, figure6, frontier, lm
+from experiments import bench, cli, common, figure2, figure6, frontier, lm, official
 from mixers import MIXERS
 from mqar import IGNORE, multiquery_ar
 
@@ -427,14 +427,40 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
 
 
+def test_the_mixers_bench_is_the_labs_and_takes_its_threads(monkeypatch):
+    """python -m experiments --bench=mixers [--threads=COUNT] runs mixers_bench with that many
+    threads (1 by default); python mixers.py --bench, its old form, exits 2 naming it."""
+    calls = []
+    monkeypatch.setattr(cli, "mixers_bench", lambda threads: calls.append(threads))
+    assert cli.main(["--bench=mixers"]) == 0 and cli.main(["--bench=mixers", "--threads=3"]) == 0
+    assert calls == [1, 3]
+    old = subprocess.run([sys.executable, "mixers.py", "--bench"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert old.returncode == 2 and "python -m experiments --bench=mixers" in old.stderr
+
+
+def test_the_reference_files_never_import_the_lab():
+    """mixers.py, mqar.py, train.py and theory.py import nothing from experiments/; a mixer's
+    official form (form=official) loads experiments/official.py by its name, as a mixer of
+    your own loads, only when a run asks for it, and builds the same class the lab imports."""
+    code = ("import sys, mixers, mqar, train, theory\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'experiments'))\n"
+            "m = mixers.build_mixer('base_conv', 8, 8, form='official')\n"
+            "from experiments import official\n"
+            "print(type(m) is official.OfficialBaseConv)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stderr
+
+
 def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
-    """`python mixers.py --bench` times each recurrence alone on what its layer passes it:
+    """`python -m experiments --bench=mixers` times each recurrence alone on what its layer passes it:
     the captured call is the fast form's (whose output matches the reference form's on the
     same arguments), and the forms' table is left as it was."""
     x = torch.randn(2, 40, 8)
-    for name, impls in mixers.RECURRENCES:
+    for name, impls in bench.RECURRENCES:
         before = dict(impls)
-        args, kwargs = mixers._recurrence_call(name, impls, x)
+        args, kwargs = bench._recurrence_call(name, impls, x)
         assert impls == before, name
         assert any(isinstance(a, torch.Tensor) and 40 in a.shape for a in args), name
         with torch.no_grad():
@@ -706,18 +732,25 @@ def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, mess
 
 @functools.cache
 def mixers_top_level():
-    """mixers.py's top level as a reader copying from it sees it: (definitions, source,
-    imports), with each definition's node by name (a class, a function, or an assignment
-    such as a dict of forms or a constant), source(node) its lines, and the import lines."""
-    lines = Path(mixers.__file__).read_text().splitlines()
-    source = lambda node: "\n".join(lines[node.lineno - 1:node.end_lineno])
+    """mixers.py's top level as a reader copying from it sees it, with experiments/official.py's
+    (the official forms, which copy from both): (definitions, source, imports), with each
+    definition's node by name (a class, a function, or an assignment such as a dict of forms
+    or a constant), source(node) its lines, and mixers.py's import lines (official.py
+    imports nothing else but names of mixers.py). source.place(node) orders nodes as a copy
+    lists them: mixers.py's, then official.py's, each in the order of its file."""
+    where = {}                                     # node -> (its file's place, its lines)
     definitions, imports = {}, []
-    for node in ast.parse("\n".join(lines)).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(source(node))
-        names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                 [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
-        definitions.update(dict.fromkeys(names, node))
+    for place, module in enumerate((mixers, official)):
+        lines = Path(module.__file__).read_text().splitlines()
+        for node in ast.parse("\n".join(lines)).body:
+            where[node] = place, lines
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and module is mixers:
+                imports.append("\n".join(lines[node.lineno - 1:node.end_lineno]))
+            names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                     [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
+            definitions.update(dict.fromkeys(names, node))
+    source = lambda node: "\n".join(where[node][1][node.lineno - 1:node.end_lineno])
+    source.place = lambda node: (where[node][0], node.lineno)
     return definitions, source, imports
 
 
@@ -748,7 +781,8 @@ def copy_line_names(cls, definitions):
     return names
 
 
-@pytest.mark.parametrize("cls", list(MIXERS.values()) + list(mixers.OFFICIAL_FORMS.values()),
+@pytest.mark.parametrize("cls", list(MIXERS.values()) + [mixers.mixer_class(name, "official")
+                                                         for name in mixers.OFFICIAL_FORMS],
                          ids=lambda cls: cls.__name__)
 def test_a_mixer_copied_as_its_docstring_says_runs_as_the_module_does(cls):
     """The "To copy:" line of every mixer's docstring names exactly the definitions it uses
@@ -767,12 +801,12 @@ def test_a_mixer_copied_as_its_docstring_says_runs_as_the_module_does(cls):
     named = copy_line_names(cls, definitions)
     needed = definitions_needed(cls.__name__) | {cls.__name__}
     assert named == needed, f"the line misses {needed - named}, names unused {named - needed}"
-    nodes = sorted({definitions[n] for n in named}, key=lambda node: node.lineno)
+    nodes = sorted({definitions[n] for n in named}, key=source.place)
     copy = "\n".join(imports + [source(node) for node in nodes])
     namespace = {"__name__": "copied"}
     exec(compile(copy, f"<the copy of {cls.__name__}>", "exec"), namespace)
     # the official selection's default rule (top-k of the whole sequence) has no step
-    options = {"inference": "threshold"} if cls is mixers.OfficialSelectiveAttention else {}
+    options = {"inference": "threshold"} if cls is official.OfficialSelectiveAttention else {}
     torch.manual_seed(0)
     module, copied = cls(16, 12, **options), namespace[cls.__name__](16, 12, **options)
     copied.load_state_dict(module.state_dict())
@@ -1156,7 +1190,7 @@ def test_official_implicit_filter_is_hyenas_filter():
     exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, d)."""
     d, L = 6, 30
     torch.manual_seed(0)
-    f = mixers.OfficialImplicitFilter(d, L).double()
+    f = official.OfficialImplicitFilter(d, L).double()
     with torch.no_grad():
         f.frequency.uniform_(0.5, 2.0)
     assert f.z.requires_grad and len(f.layers) == 3 and f.layers[0].out_features == 64
@@ -1531,7 +1565,7 @@ def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
     """zoology/mixers/rwkv.py's RWKVTimeMixer.__init__ with n_layer=12, its loops transcribed."""
     d = 16
     for layer_id in (0, 1):
-        m = mixers.OfficialRWKV(d, 24, layer_idx=layer_id)
+        m = official.OfficialRWKV(d, 24, layer_idx=layer_id)
         r01, r10 = layer_id / (12 - 1), 1.0 - layer_id / 12
         decay = [-5 + 8 * (h / (d - 1)) ** (0.7 + 1.3 * r01) for h in range(d)]
         zigzag = [((i + 1) % 3 - 1) * 0.5 for i in range(d)]
@@ -1542,7 +1576,7 @@ def test_rwkv_official_form_is_rwkv_time_mixers_initialisation():
                           (m.mix_r, [v ** (0.5 * r10) for v in x])):
             assert torch.allclose(got, torch.tensor(want), atol=1e-6)
     with pytest.raises(ValueError, match="layer_idx=-1"):
-        mixers.OfficialRWKV(d, 24, layer_idx=-1)
+        official.OfficialRWKV(d, 24, layer_idx=-1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2598,6 +2632,9 @@ def test_workers_split_the_threads_and_ctrl_c_stops_them_all_losing_nothing(tmp_
     (["--lm", "--ar_threshold=-1"], "--ar_threshold=-1 is not allowed"),
     (["--lm", "--seeds=3"], "--seeds is not allowed with --lm"),
     (["--lm", "--bench"], "--bench is not allowed with --lm"),
+    (["--bench=mixer"], "--bench='mixer' is not allowed"),
+    (["--bench=mixers", "--lr=1e-3"], "is not allowed with --bench=mixers"),
+    (["--bench=mixers", "--threads=0"], "threads=0 is not allowed"),
     (["--lm", "--task=mqar"], "--task is not allowed with --lm"),
     (["--lm", "--sweep=fig2"], "--lm is not allowed with --sweep"),
     (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],

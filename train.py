@@ -55,9 +55,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mixers import (OfficialSelectiveAttention, SelectiveAttention, build_mixer, check_choice,
-                    check_mixer, is_outside, load_outside, mixer_class, mixer_fact, parse_mixer,
-                    split_mixer)
+from mixers import (build_mixer, check_choice, check_mixer, is_outside, load_outside, mixer_class,
+                    mixer_fact, parse_mixer, split_mixer)
 from mqar import IGNORE, multiquery_ar
 
 
@@ -962,9 +961,9 @@ def selected_rows(model, inputs, labels, batch_size=256):
     """For each selective-attention layer of `model` (none: []), in eval mode over (inputs,
     labels): the mean number of rows it keeps per example ("rows"), the share of query
     (labelled) positions among them ("queries") and the share of query positions it keeps
-    ("coverage"): what Section 5's selections attend at."""
-    layers = [b.mixer for b in model.blocks
-              if isinstance(b.mixer, (SelectiveAttention, OfficialSelectiveAttention))]
+    ("coverage"): what Section 5's selections attend at. A layer that selects rows says so
+    by its attribute `selected`, the rows its last forward kept (SelectiveAttention's)."""
+    layers = [b.mixer for b in model.blocks if hasattr(b.mixer, "selected")]
     if not layers:
         return []
     model.eval()

@@ -1,15 +1,24 @@
-"""The training-step benchmark: a step that projects to logits at the labelled positions
-only (train.labelled_loss, this reference's) against one with logits at every position
-(full_logits_loss, the official harness's), on one MQAR batch.
+"""The benchmarks: each prints ratios against a baseline timed in the same run.
+
+- The training step (bench): a step that projects to logits at the labelled positions only
+  (train.labelled_loss, this reference's) against one with logits at every position
+  (full_logits_loss, the official harness's), on one MQAR batch.
+- The mixers (mixers_bench): every mixer's fast form against its reference form, and its
+  time over attention's, as a whole layer and (RECURRENCES) its recurrence alone.
 
 Rerun: python -m experiments --bench [--key=value ...]   (any run's settings, e.g.
---mixer=base_conv --seq_len=512 --batch_size=64; experiments/README.md, "Benchmarks").
+--mixer=base_conv --seq_len=512 --batch_size=64), and python -m experiments --bench=mixers
+[--threads=COUNT] (one thread by default); experiments/README.md, "Benchmarks".
 """
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from mixers import (BASED_IMPLS, DELTA_RULE_IMPLS, DPLR_IMPLS, GLA_IMPLS, MIXERS, RETENTION_IMPLS,
+                    SCAN_IMPLS, SSD_IMPLS, WKV_IMPLS, attention_fast, blocked_attention_fast,
+                    build_mixer, check_positive, sliding_window_fast)
 from mqar import IGNORE, multiquery_ar
 from train import LanguageModel, labelled_loss, make_optimizer, resolve_device
 
@@ -56,3 +65,90 @@ def bench(config):
     print(f"  logits at the {c.num_kv_pairs} labelled positions per example: {ours * 1e3:8.1f} ms")
     print(f"  logits at all {c.seq_len} positions (official harness): {full * 1e3:8.1f} ms")
     print(f"  speedup {full / ours:.1f}x")
+
+
+# ----------------------------------------------------------------------------------------
+# the mixers: fast form vs reference for every mixer
+
+BENCH_VARIANTS = [("long_conv", dict(filter="implicit")), ("base_conv", dict(kernel_size=3)),
+                  ("base_conv", dict(form="official")), ("hyena", dict(form="official")),
+                  ("h3", dict(form="official", head_dim=2))]
+
+
+def _forward_seconds(mixer, x, budget=1.0, max_calls=10):
+    """Best time of up to `max_calls` calls made within `budget` seconds (at least one; the
+    first is also the warm-up). The minimum is the least disturbed by other processes."""
+    times, start = [], time.perf_counter()
+    with torch.no_grad():
+        while not times or (len(times) < max_calls and time.perf_counter() - start < budget):
+            t0 = time.perf_counter()
+            mixer(x)
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def mixers_bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
+    """Forward time of each mixer's fast form and reference, and its state size. fast/attn is
+    the fast form's time over attention's fast form (scaled_dot_product_attention) at the
+    same shape. One thread by default: timings on a shared machine vary less."""
+    check_positive("threads", threads)
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    print(f"float32, torch.set_num_threads({threads}); seconds per forward: the best of up "
+          f"to 10 calls within 1 s")
+    rows = [(name, {}) for name in MIXERS] + BENCH_VARIANTS
+    print(f"{'mixer':<28}{'B':>3}{'T':>6}{'d':>4}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}"
+          f"{'fast/attn':>10}{'state':>10}")
+    for B, T, d in shapes:
+        x = torch.randn(B, T, d)
+        for name, kwargs in rows:
+            label = name + "".join(f" {k}={v}" for k, v in kwargs.items())
+            fast = build_mixer(name, d, T, impl="fast", **kwargs)
+            ref = build_mixer(name, d, T, impl="reference", **kwargs)
+            ref.load_state_dict(fast.state_dict())
+            extra = {"tokens": torch.randint(0, 16, (B, T))} if fast.takes_tokens else {}
+            tf, tr = (_forward_seconds(partial(m, **extra), x) for m in (fast, ref))
+            if name == "attention":
+                t_attention = tf                              # the first row of MIXERS
+            print(f"{label:<28}{B:>3}{T:>6}{d:>4}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}"
+                  f"{tf / t_attention:>10.2f}{fast.state_size(T):>10}")
+    # the windowed forms alone: the rows above also time the projections, which cost every
+    # attention module the same and so bound the windowed modules' fast/attn from below
+    B, T, d = shapes[-1]
+    q, k, v = (torch.randn(B, 1, T, d) for _ in range(3))
+    t_full, ratios = _forward_seconds(lambda q: attention_fast(q, k, v), q), []
+    for f in (sliding_window_fast, blocked_attention_fast):
+        t = _forward_seconds(lambda q: f(q, k, v, 32), q)
+        ratios.append(f"{f.__name__}(q, k, v, 32) {t / t_full:.3f}")
+    print(f"time over attention_fast(q, k, v)'s at (B, H, T, hs) = {(B, 1, T, d)}: "
+          + ", ".join(ratios))
+    # the recurrences alone, on the arguments each layer hands them at (B, T, d): the rows
+    # above also time what a layer's two forms share (projections, short convolutions,
+    # norms, gates), which bounds a layer's ref/fast from above
+    print(f"the recurrences alone at (B, T, d) = {(B, T, d)}, as each layer calls them:")
+    print(f"{'mixer':<16}{'function':<24}{'fast s':>10}{'ref s':>10}{'ref/fast':>9}")
+    x = torch.randn(B, T, d)
+    for name, impls in RECURRENCES:
+        args, kwargs = _recurrence_call(name, impls, x)
+        tf, tr = (_forward_seconds(lambda _: impls[form](*args, **kwargs), None)
+                  for form in ("fast", "reference"))
+        print(f"{name:<16}{impls['fast'].__name__:<24}{tf:>10.4f}{tr:>10.4f}{tr / tf:>9.1f}")
+
+
+# the mixers whose recurrence has a fast form beside its reference, and their forms
+RECURRENCES = [("rwkv", WKV_IMPLS), ("retnet", RETENTION_IMPLS), ("based", BASED_IMPLS),
+               ("mamba", SCAN_IMPLS), ("gla", GLA_IMPLS), ("mamba2", SSD_IMPLS),
+               ("deltanet", DELTA_RULE_IMPLS), ("gated_deltanet", DELTA_RULE_IMPLS),
+               ("rwkv7", DPLR_IMPLS)]
+
+
+def _recurrence_call(name, impls, x):
+    """The (args, kwargs) that mixer `name`'s fast form hands impls["fast"] on x."""
+    calls, fast = [], impls["fast"]
+    impls["fast"] = lambda *args, **kwargs: calls.append((args, kwargs)) or fast(*args, **kwargs)
+    try:
+        with torch.no_grad():
+            build_mixer(name, x.shape[-1], x.shape[1])(x)
+    finally:
+        impls["fast"] = fast
+    return calls[0]

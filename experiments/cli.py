@@ -5,10 +5,12 @@ What train.py runs once, the lab runs as the paper does, one file per experiment
 figure2.py (Figure 2: the official configuration as presets, its grid and sweeps, and its
 runs at the paper's budget), figure6.py (appendix F.1), hybrids.py (Section 5), f2.py
 (appendix F.2), frontier.py (the recall frontier), lm.py (Section 3.1 on real text, and
-appendix G), bench.py (the training-step benchmark); common.py has what they share (sweeps
-and the processes and Slurm jobs that run them, records, statistics). This file gathers
-their sweeps (SWEEPS) and tables and hands each command to its function. The lab imports
-train.py, mixers.py and mqar.py; they never import it.
+appendix G), official.py (the official code's forms of five mixers), bench.py (the
+benchmarks); common.py has what they share (sweeps and the processes and Slurm jobs that
+run them, records, statistics). This file gathers their sweeps (SWEEPS) and tables and
+hands each command to its function. The lab imports train.py, mixers.py and mqar.py; they
+never import it (the mixer option form=official loads official.py by its name, as any
+mixer of your own is loaded).
 
 Usage (python -m experiments ...; experiments/README.md says what each experiment shows):
   --preset=figure2 --mixer=base_conv [--key=value ...]   one run with a preset's settings
@@ -37,6 +39,7 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
   --hf=NAME_OR_PATH                   appendix G on a Hugging Face causal LM (optional package
                                       transformers); --samples=COUNT sequences per P
   --bench [--key=value ...]           training-step time vs logits at every position
+  --bench=mixers [--threads=COUNT]    every mixer's fast form vs its reference (one thread)
   (no arguments)                      train.py's main job
 """
 import dataclasses
@@ -44,7 +47,7 @@ import json
 import sys
 from pathlib import Path
 
-from experiments.bench import bench
+from experiments.bench import bench, mixers_bench
 from experiments.common import (SweepFailed, load_records, model_order, run_sweep, strict_json,
                                 submit_sweep, trend_table)
 from experiments import f2, figure2, figure6, frontier, hybrids
@@ -204,8 +207,16 @@ def sweep_command(flags, rest):
 
 
 def bench_command(flags, rest):
-    """--bench [--key=value ...]: the training-step benchmark of that run's model (bench)."""
-    bench(make_config(**parse_arguments(rest)))
+    """--bench [--key=value ...]: the training-step benchmark of that run's model (bench);
+    --bench=mixers [--threads=COUNT]: every mixer's forms timed (mixers_bench)."""
+    check_choice("--bench", flags["--bench"], ("", "mixers"))
+    if flags["--bench"] == "":
+        return bench(make_config(**parse_arguments(rest)))
+    threads = [a.partition("=")[2] for a in rest if a.startswith("--threads=")]
+    if len(rest) > len(threads) or len(threads) > 1:
+        raise ValueError(f"{rest} is not allowed with --bench=mixers: it takes --threads=COUNT "
+                         "only")
+    mixers_bench(threads=_parse_value("threads", threads[0], int) if threads else 1)
 
 
 def hf_command(flags, rest):
