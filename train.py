@@ -581,7 +581,7 @@ def evaluation(model, valid, test, config, final=False):
     split is scored alike, its first eval_probe examples ("test_probe") beside a validation
     probe and the whole split ("test_acc") beside a whole validation score and on the final
     step, for the record and the curves: no decision reads it. (The official harness stops
-    on the test accuracy; the README, "Which split decides", says why we do not.)
+    on the test accuracy; experiments/README.md, "Which split decides", says why we do not.)
     Without a validation split (num_valid = 0) nothing can decide, so a run trains to the end.
     """
     c, scores = config, {}
