@@ -184,12 +184,6 @@ def make_config(preset="cpu", presets=None, **overrides):
     return check_config(config)
 
 
-def parse_overrides(args):
-    """`--key=value` strings -> a checked Config (make_config); bad keys and values raise
-    ValueError."""
-    return make_config(**parse_arguments(args))
-
-
 def parse_arguments(args):
     """`--key=value` strings -> {key: value of the Config field's type}."""
     fields = [f.name for f in dataclasses.fields(Config)]
