@@ -660,13 +660,13 @@ def test_a_mixer_of_your_own_trains_by_its_path_and_its_source_names_the_run(tmp
     assert json.loads(train.identity(train.Config(**record["config"])))["mixer_source"] == \
         f"my/gla.py={digest}"
     assert path.name.startswith("gla.py-GLA-N16-D2-d16-") and record["steps"] == 2
-    config = train.parse_overrides(args)
+    config = train.make_config(**train.parse_arguments(args))
     assert train.record_path(config) == path
     model = train.LanguageModel(config)
     assert model.pos is None and model.aux_loss() == 0
     edited = GLA_SOURCE + "# changed\n"
     Path("my/gla.py").write_text(edited)
-    changed = train.parse_overrides(args)
+    changed = train.make_config(**train.parse_arguments(args))
     assert changed.mixer_source == f"my/gla.py={mixers.source_digest(edited)}"
     assert train.record_path(changed) != path
     assert train.run_name(train.Config(**record["config"])) == path.stem  # the record's own
@@ -2258,8 +2258,9 @@ def model_steps(model, x):
     return torch.stack(steps, 1)
 
 
-def test_parse_overrides_types_and_errors():
-    c = train.parse_overrides(["--lr=1e-3", "--n_layers=3", "--mlp=true", "--mixer=attention"])
+def test_command_line_settings_parse_to_their_types_and_errors():
+    c = train.make_config(**train.parse_arguments(["--lr=1e-3", "--n_layers=3", "--mlp=true",
+                                                   "--mixer=attention"]))
     assert (c.lr, c.n_layers, c.mlp) == (1e-3, 3, True)
     for arg, match in [("--learning_rate=1e-3", "unknown key --learning_rate"),
                        ("--lrr=1e-3", "did you mean --lr"),
@@ -2268,7 +2269,7 @@ def test_parse_overrides_types_and_errors():
                        ("--mixer=transformer", "mixer='transformer'"),
                        ("--seed=-1", "^seed=-1 "), ("lr=3", "--key=value")]:
         with pytest.raises(ValueError, match=match):
-            train.parse_overrides([arg])
+            train.make_config(**train.parse_arguments([arg]))
 
 
 def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):

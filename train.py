@@ -183,12 +183,6 @@ def make_config(preset="cpu", presets=None, **overrides):
     return check_config(config)
 
 
-def parse_overrides(args):
-    """`--key=value` strings -> a checked Config (make_config); bad keys and values raise
-    ValueError."""
-    return make_config(**parse_arguments(args))
-
-
 def parse_arguments(args):
     """`--key=value` strings -> {key: value of the Config field's type}."""
     fields = [f.name for f in dataclasses.fields(Config)]
@@ -1122,8 +1116,8 @@ def seeds_text(records):
 
 
 # ----------------------------------------------------------------------------------------
-# tables and figures of records: Markdown exactly as the README shows it (a test compares),
-# one colour per model across every figure
+# tables and figures of records, for the main job and --seeds (the lab imports them for
+# its own): Markdown exactly as the README shows it (a test compares), one colour per model
 
 # one colour per model across every figure; a label not listed gets one from its name
 MODEL_COLORS = {"attention": 0, "base_conv": 2, "BaseConv": 2, "h3": 4, "H3": 4, "hyena": 6,
@@ -1232,13 +1226,13 @@ def runs_table(records, order=None, curves=False):
 CURVE_STYLES = ("-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))   # dotted (":") is the paper's
 
 
-def plot_curves(records, path, scale, reference, name=None):
+def plot_curves(records, path, scale, reference, name):
     """Test accuracy against training examples seen, one line per run (its history; where
     an evaluation scored only the probe, the first eval_probe test examples, that score,
     hollow): one colour per model (model_color), one line style and marker per cell
     (N, D, d), each named once in the legend; the paper's Figure 2 value of a run's cell,
-    reference(config) (None: none), dotted in its colour. The title names the runs (`name`,
-    by default the folder of the records' out_dir), their `scale`, budget and seeds."""
+    reference(config) (None: none), dotted in its colour. The title names the runs (`name`),
+    their `scale`, budget and seeds."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
@@ -1274,7 +1268,6 @@ def plot_curves(records, path, scale, reference, name=None):
     counts = lambda key, runs: ", ".join(f"{n:,}" for n in sorted({r["config"][key]
                                                                      for r in runs}))
     probed = [r for r in records if any("test_acc" not in e for e in r["history"])]
-    name = name or ", ".join(sorted({Path(r["config"]["out_dir"]).name for r in records}))
     full = f"all {counts('num_test', records)} test examples"
     notes = [f"hollow: the first {counts('eval_probe', probed)} test examples (a probe); "
              f"filled: {full}" if probed else f"every point: {full}"]
@@ -1311,7 +1304,8 @@ def main_job(folder="results/runs/main"):
                                          max_steps=MAIN_STEPS)))
     print(runs_table(records, {label: i for i, label in enumerate(MAIN_MODELS)}))
     reference = lambda c: MAIN_FIGURE2.get(c.label) if (c.seq_len, c.d_model) == (64, 64) else None
-    print(f"wrote {plot_curves(records, folder + '.png', 'cpu scale', reference)}")
+    path = plot_curves(records, folder + ".png", "cpu scale", reference, Path(folder).name)
+    print(f"wrote {path}")
     return records
 
 
