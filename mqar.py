@@ -18,15 +18,13 @@ Glossary (code name -> paper symbol):
 Every generator is vectorized over examples (no Python loop over rows) and draws from its
 own `numpy.random.Generator(seed)`: the global numpy / torch / random states are never read
 or changed, and the same arguments give the same tensors. Generation runs in numpy, whose
-allocations `tracemalloc` can see (the benchmark measures peak memory with it); the results
-are handed to torch without a copy.
+allocations `tracemalloc` can see (the lab's benchmark, `python -m experiments --bench=mqar`,
+measures peak memory with it against multiquery_ar_per_example, the official algorithm one
+example at a time); the results are handed to torch without a copy.
 
-`python mqar.py` prints one example; `python mqar.py --bench` compares the generator with a
-per-example implementation of the official algorithm, in one run.
+`python mqar.py` prints one example.
 """
 import argparse
-import time
-import tracemalloc
 
 import numpy as np
 import torch
@@ -316,7 +314,7 @@ def sliced_perplexity(nll, hits):
 
 
 # ----------------------------------------------------------------------------------------
-# printing and benchmark
+# printing
 
 def format_example(inputs, labels):
     """One example as three aligned rows: position, input token, label ('.' when ignored)."""
@@ -327,51 +325,12 @@ def format_example(inputs, labels):
     return "\n".join("".join(cell.rjust(width) for cell in col) for col in zip(*rows))
 
 
-def _seconds(fn, *args, repeats=3, **kwargs):
-    """Best wall time of `repeats` calls (after one warm-up call when repeats > 1)."""
-    if repeats > 1:
-        fn(*args, **kwargs)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(*args, **kwargs)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _peak_bytes(fn, *args, **kwargs):
-    """(peak bytes traced by tracemalloc during one call, bytes of its output tensors)."""
-    tracemalloc.start()
-    out = fn(*args, **kwargs)
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak, sum(t.numel() * t.element_size() for t in out)
-
-
-def bench():
-    """Generator vs the per-example official algorithm, measured in this run."""
-    N, D, MiB = 256, 16, 2**20
-    print(f"MQAR generator benchmark, N={N}, D={D}, c=8192 "
-          "(time: best of 3 after a warm-up; peak memory: tracemalloc, one call)")
-    fast_s = _seconds(multiquery_ar, 10_000, seq_len=N, num_kv_pairs=D)
-    slow_s = _seconds(multiquery_ar_per_example, 10_000, seq_len=N, num_kv_pairs=D,
-                      repeats=1)
-    fast_peak, out_bytes = _peak_bytes(multiquery_ar, 10_000, seq_len=N, num_kv_pairs=D)
-    slow_peak, _ = _peak_bytes(multiquery_ar_per_example, 10_000, seq_len=N, num_kv_pairs=D)
-    print(f"  10,000 examples   vectorized  {fast_s:7.3f} s  peak {fast_peak / MiB:6.1f} MiB")
-    print(f"                    per-example {slow_s:7.3f} s  peak {slow_peak / MiB:6.1f} MiB")
-    print(f"                    speedup {slow_s / fast_s:.1f}x, output {out_bytes / MiB:.1f} MiB")
-    big_s = _seconds(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D, repeats=1)
-    big_peak, big_out = _peak_bytes(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D)
-    print(f"  100,000 examples  vectorized  {big_s:7.3f} s  peak {big_peak / MiB:6.1f} MiB, "
-          f"output {big_out / MiB:.1f} MiB, peak/output {big_peak / big_out:.2f}x")
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true", help="time the generator")
+    parser.add_argument("--bench", action="store_true",
+                        help="moved: python -m experiments --bench=mqar")
     if parser.parse_args().bench:
-        bench()
+        parser.error("the benchmark is the lab's now: python -m experiments --bench=mqar")
     else:
         x, y = multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4, seed=0)
         print("multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4): "

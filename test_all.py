@@ -4874,9 +4874,9 @@ def test_hf_without_transformers_names_the_package(monkeypatch):
 # experiments/bench.py: the benchmarks
 
 def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
-    """`python -m experiments --bench=mixers` times each recurrence alone on what its layer passes it:
-    the captured call is the fast form's (whose output matches the reference form's on the
-    same arguments), and the forms' table is left as it was."""
+    """`python -m experiments --bench=mixers` times each recurrence alone on what its layer
+    passes it: the captured call is the fast form's (whose output matches the reference form's
+    on the same arguments), and the forms' table is left as it was."""
     x = torch.randn(2, 40, 8)
     for name, impls in bench.RECURRENCES:
         before = dict(impls)
@@ -4892,16 +4892,20 @@ def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
 # ----------------------------------------------------------------------------------------
 # experiments/cli.py: the lab's command line
 
-def test_the_mixers_bench_is_the_labs_and_takes_its_threads(monkeypatch):
+def test_the_benchmarks_are_the_labs(monkeypatch):
     """python -m experiments --bench=mixers [--threads=COUNT] runs mixers_bench with that many
-    threads (1 by default); python mixers.py --bench, its old form, exits 2 naming it."""
+    threads (1 by default), --bench=mqar runs mqar_bench; python mixers.py --bench and python
+    mqar.py --bench, their old forms, exit 2 naming them."""
     calls = []
     monkeypatch.setattr(cli, "mixers_bench", lambda threads: calls.append(threads))
-    assert cli.main(["--bench=mixers"]) == 0 and cli.main(["--bench=mixers", "--threads=3"]) == 0
-    assert calls == [1, 3]
-    old = subprocess.run([sys.executable, "mixers.py", "--bench"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
-    assert old.returncode == 2 and "python -m experiments --bench=mixers" in old.stderr
+    monkeypatch.setattr(cli, "mqar_bench", lambda: calls.append("mqar"))
+    for args in (["--bench=mixers"], ["--bench=mixers", "--threads=3"], ["--bench=mqar"]):
+        assert cli.main(args) == 0
+    assert calls == [1, 3, "mqar"]
+    for module, new in (("mixers", "--bench=mixers"), ("mqar", "--bench=mqar")):
+        old = subprocess.run([sys.executable, f"{module}.py", "--bench"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert old.returncode == 2 and f"python -m experiments {new}" in old.stderr, module
 
 
 @pytest.mark.parametrize("args,message", [
@@ -4925,6 +4929,7 @@ def test_the_mixers_bench_is_the_labs_and_takes_its_threads(monkeypatch):
     (["--bench=mixer"], "--bench='mixer' is not allowed"),
     (["--bench=mixers", "--lr=1e-3"], "is not allowed with --bench=mixers"),
     (["--bench=mixers", "--threads=0"], "threads=0 is not allowed"),
+    (["--bench=mqar", "--seq_len=32"], "'--seq_len=32' is not allowed with --bench=mqar"),
     (["--lm", "--task=mqar"], "--task is not allowed with --lm"),
     (["--lm", "--sweep=fig2"], "--lm is not allowed with --sweep"),
     (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],

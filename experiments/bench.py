@@ -5,12 +5,16 @@
   (full_logits_loss, the official harness's), on one MQAR batch.
 - The mixers (mixers_bench): every mixer's fast form against its reference form, and its
   time over attention's, as a whole layer and (RECURRENCES) its recurrence alone.
+- The MQAR generator (mqar_bench): multiquery_ar against the official algorithm one example
+  at a time, in time and peak memory.
 
 Rerun: python -m experiments --bench [--key=value ...]   (any run's settings, e.g.
---mixer=base_conv --seq_len=512 --batch_size=64), and python -m experiments --bench=mixers
-[--threads=COUNT] (one thread by default); experiments/README.md, "Benchmarks".
+--mixer=base_conv --seq_len=512 --batch_size=64), python -m experiments --bench=mixers
+[--threads=COUNT] (one thread by default) and python -m experiments --bench=mqar;
+experiments/README.md, "Benchmarks".
 """
 import time
+import tracemalloc
 from functools import partial
 
 import torch
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from mixers import (BASED_IMPLS, DELTA_RULE_IMPLS, DPLR_IMPLS, GLA_IMPLS, MIXERS, RETENTION_IMPLS,
                     SCAN_IMPLS, SSD_IMPLS, WKV_IMPLS, attention_fast, blocked_attention_fast,
                     build_mixer, check_positive, sliding_window_fast)
-from mqar import IGNORE, multiquery_ar
+from mqar import IGNORE, multiquery_ar, multiquery_ar_per_example
 from train import LanguageModel, labelled_loss, make_optimizer, resolve_device
 
 
@@ -152,3 +156,47 @@ def _recurrence_call(name, impls, x):
     finally:
         impls["fast"] = fast
     return calls[0]
+
+
+# ----------------------------------------------------------------------------------------
+# the MQAR generator: vectorized against one example at a time
+
+def _seconds(fn, *args, repeats=3, **kwargs):
+    """Best wall time of `repeats` calls (after one warm-up call when repeats > 1)."""
+    if repeats > 1:
+        fn(*args, **kwargs)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _peak_bytes(fn, *args, **kwargs):
+    """(peak bytes traced by tracemalloc during one call, bytes of its output tensors)."""
+    tracemalloc.start()
+    out = fn(*args, **kwargs)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, sum(t.numel() * t.element_size() for t in out)
+
+
+def mqar_bench():
+    """MQAR's generator (multiquery_ar) against the official algorithm one example at a time
+    (multiquery_ar_per_example), time and peak memory, measured in this run."""
+    N, D, MiB = 256, 16, 2**20
+    print(f"MQAR generator benchmark, N={N}, D={D}, c=8192 "
+          "(time: best of 3 after a warm-up; peak memory: tracemalloc, one call)")
+    fast_s = _seconds(multiquery_ar, 10_000, seq_len=N, num_kv_pairs=D)
+    slow_s = _seconds(multiquery_ar_per_example, 10_000, seq_len=N, num_kv_pairs=D,
+                      repeats=1)
+    fast_peak, out_bytes = _peak_bytes(multiquery_ar, 10_000, seq_len=N, num_kv_pairs=D)
+    slow_peak, _ = _peak_bytes(multiquery_ar_per_example, 10_000, seq_len=N, num_kv_pairs=D)
+    print(f"  10,000 examples   vectorized  {fast_s:7.3f} s  peak {fast_peak / MiB:6.1f} MiB")
+    print(f"                    per-example {slow_s:7.3f} s  peak {slow_peak / MiB:6.1f} MiB")
+    print(f"                    speedup {slow_s / fast_s:.1f}x, output {out_bytes / MiB:.1f} MiB")
+    big_s = _seconds(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D, repeats=1)
+    big_peak, big_out = _peak_bytes(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D)
+    print(f"  100,000 examples  vectorized  {big_s:7.3f} s  peak {big_peak / MiB:6.1f} MiB, "
+          f"output {big_out / MiB:.1f} MiB, peak/output {big_peak / big_out:.2f}x")
