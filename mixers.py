@@ -2675,7 +2675,14 @@ def mixer_class(name, form="paper"):
         return load_outside(name)[0]
     check_choice("mixer", name, tuple(MIXERS))
     check_choice("form", form, ("paper", "official") if name in OFFICIAL_FORMS else ("paper",))
-    return load_outside(OFFICIAL_FORMS[name])[0] if form == "official" else MIXERS[name]
+    if form == "paper":
+        return MIXERS[name]
+    try:
+        return load_outside(OFFICIAL_FORMS[name])[0]
+    except ValueError as e:                      # mixers.py copied without the lab beside it
+        raise ValueError(f"form='official' of {name} is not allowed here: the official forms "
+                         f"are the lab's, {OFFICIAL_FORMS[name]} (experiments/official.py "
+                         f"beside mixers.py), which does not load: {e}") from None
 
 
 def build_mixer(name, d_model, seq_len, form="paper", **options):

@@ -444,6 +444,22 @@ def test_the_reference_files_never_import_the_lab():
     assert out.stdout.split("\n")[:2] == ["[]", "True"], out.stderr
 
 
+def test_a_copy_of_mixers_alone_runs_its_paper_forms_and_names_the_lab_for_an_official_one(
+        tmp_path):
+    """mixers.py copied alone into an empty folder builds every paper form; form=official
+    there is a ValueError that says the official forms are the lab's (experiments/official.py)."""
+    (tmp_path / "mixers.py").write_text((REPO / "mixers.py").read_text())
+    code = ("import mixers\n"
+            "for name in mixers.MIXERS: mixers.build_mixer(name, 8, 8)\n"
+            "try:\n    mixers.build_mixer('h3', 8, 8, form='official')\n"
+            "except ValueError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("form='official' of h3 is not allowed here: the official forms "
+                                 "are the lab's, experiments.official:OfficialH3"), out.stdout
+
+
 @pytest.mark.parametrize("name, form", [(name, "paper") for name in MIXERS] +
                          [(name, "official") for name in mixers.OFFICIAL_FORMS])
 def test_a_registered_mixer_provides_the_interface(name, form):
