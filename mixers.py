@@ -2661,9 +2661,11 @@ MIXERS = {
 # form="official": the official code's layer, where a figure or section (Figure 2, Section 5)
 # trained another than the paper's. They live in the lab, experiments/official.py, and load
 # as a mixer of your own does, by name, when a run asks for one
-OFFICIAL_FORMS = {name: f"experiments.official:Official{cls}" for name, cls in [
-    ("base_conv", "BaseConv"), ("hyena", "Hyena"), ("h3", "H3"), ("rwkv", "RWKV"),
-    ("selective_attention", "SelectiveAttention")]}
+OFFICIAL_FORMS = {"base_conv": "experiments.official:OfficialBaseConv",
+                  "hyena": "experiments.official:OfficialHyena",
+                  "h3": "experiments.official:OfficialH3",
+                  "rwkv": "experiments.official:OfficialRWKV",
+                  "selective_attention": "experiments.official:OfficialSelectiveAttention"}
 
 
 def mixer_class(name, form="paper"):

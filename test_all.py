@@ -729,21 +729,20 @@ def mixers_top_level():
     (the official forms, which copy from both): (definitions, source, imports), with each
     definition's node by name (a class, a function, or an assignment such as a dict of forms
     or a constant), source(node) its lines, and mixers.py's import lines (official.py
-    imports nothing else but names of mixers.py). source.place(node) orders nodes as a copy
-    lists them: mixers.py's, then official.py's, each in the order of its file."""
-    where = {}                                     # node -> (its file's place, its lines)
+    imports nothing else but names of mixers.py). `definitions` holds mixers.py's nodes, then
+    official.py's, each in the order of its file: the order a copy lists them in."""
+    where = {}                                     # node -> the lines of its file
     definitions, imports = {}, []
-    for place, module in enumerate((mixers, official)):
+    for module in (mixers, official):
         lines = Path(module.__file__).read_text().splitlines()
         for node in ast.parse("\n".join(lines)).body:
-            where[node] = place, lines
+            where[node] = lines
             if isinstance(node, (ast.Import, ast.ImportFrom)) and module is mixers:
                 imports.append("\n".join(lines[node.lineno - 1:node.end_lineno]))
             names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
                      [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
             definitions.update(dict.fromkeys(names, node))
-    source = lambda node: "\n".join(where[node][1][node.lineno - 1:node.end_lineno])
-    source.place = lambda node: (where[node][0], node.lineno)
+    source = lambda node: "\n".join(where[node][node.lineno - 1:node.end_lineno])
     return definitions, source, imports
 
 
@@ -794,7 +793,8 @@ def test_a_mixer_copied_as_its_docstring_says_runs_as_the_module_does(cls):
     named = copy_line_names(cls, definitions)
     needed = definitions_needed(cls.__name__) | {cls.__name__}
     assert named == needed, f"the line misses {needed - named}, names unused {named - needed}"
-    nodes = sorted({definitions[n] for n in named}, key=source.place)
+    order = list(definitions.values())
+    nodes = sorted({definitions[n] for n in named}, key=order.index)
     copy = "\n".join(imports + [source(node) for node in nodes])
     namespace = {"__name__": "copied"}
     exec(compile(copy, f"<the copy of {cls.__name__}>", "exec"), namespace)
