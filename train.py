@@ -1,31 +1,27 @@
 """The Zoology model and a plain training loop for MQAR and real text (Arora et al., 2023).
 
-The model of Figure 2: token embedding tied with the output head, learned position
-embedding (attention only, by default), L blocks around the sequence mixers of mixers.py,
-final LayerNorm. Loss and accuracy only at the labelled (query) positions, where the
-vocabulary-sized logits are computed only there. The defaults are the CPU recipe: pre-norm
-blocks x = x + mixer(LN(x)), each mixer in its paper form, AdamW (0.9, 0.999) with weight
-decay 0.1 on matrices, cosine decay to 0, early stop once validation accuracy exceeds 0.99
-(every decision reads the validation split, never the test split: see evaluation); the
-recipe was chosen by measurement (experiments/README.md, "The main job's recipe"). The
-official Figure 2 configurations are presets of the lab (experiments/: python -m experiments
---preset=figure2 ...), which runs the paper's experiments on this file.
+The model of Figure 2: token embedding tied with the output head, learned positions
+(attention only, by default), L blocks around the sequence mixers of mixers.py, a final
+LayerNorm; loss and accuracy at the labelled (query) positions only. The defaults are the CPU
+recipe, chosen by measurement (experiments/README.md, "The main job's recipe"): pre-norm
+blocks x = x + mixer(LN(x)), each mixer in its paper form, AdamW with weight decay 0.1 on
+matrices, cosine decay to 0, early stop once validation accuracy exceeds 0.99 (every
+decision reads the validation split, never the test split: see evaluation). The official
+Figure 2 configurations, sweeps and the rest of the paper's experiments are the lab's
+(experiments/), which runs them on this file.
 
 Usage:
   python train.py                     the main job: attention and BaseConv on MQAR (N=64,
                                       D=4, d=64), a table and results/runs/main.png
   python train.py --mixer=h3 --lr=1e-3  one run, any default overridden by --key=value
-  python train.py --mixer=my/gla.py:GLA  one run of a mixer of your own: any nn.Module built
-                                      as Class(d_model, seq_len, **options) (parse_layers)
+  python train.py --mixer=my/gla.py:GLA  a mixer of your own (parse_layers)
   python train.py --seeds=5           seeds seed .. seed+4, then median and range
-  python -m experiments --help        the lab: presets, sweeps, tables, figures, the LM
-                                      experiment, appendix G, benchmarks
+  python -m experiments --help        the lab's commands
 
-Every run writes one JSON record (its config, history, test and validation accuracy, steps,
-times, how it ended, and what produced it: git commit, torch, device, threads) to `out_dir`
-as soon as it ends, atomically, named by the settings that differ from the defaults
-(identity); run again, a finished run is not retrained (the main job always trains), and an
-unfinished one continues exactly from its last checkpoint (train).
+Every run writes one JSON record (config, history, scores, steps, times, how it ended and
+what produced it) to `out_dir` when it ends, named by the settings that differ from the
+defaults (identity). Run again, a finished run is not retrained (the main job always
+trains) and an unfinished one continues exactly from its last checkpoint.
 
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
@@ -68,8 +64,7 @@ class Config:
     # model (Figure 2; `--preset=figure2` sets the official configuration)
     mixer: str = "attention"          # a key of mixers.MIXERS, a mixer of your own
                                       # (path/to/file.py:Class), or one per layer: parse_layers
-    mixer_source: str = ""            # not given: check_config fills it in for a mixer of your
-                                      # own, "source=digest of its text" (check_outside_mixers)
+    mixer_source: str = ""            # filled in for a mixer of your own (check_outside_mixers)
     d_model: int = 64
     n_layers: int = 2
     block: str = "pre_norm"           # one of BLOCKS: "pre_norm", "identity_mlp", "rms_pre_norm"
@@ -83,17 +78,15 @@ class Config:
     # data (Procedure 1)
     task: str = "mqar"                # "mqar", or "lm": next-token prediction on real text
                                       # (Section 3.1; run_lm_experiment)
-    corpus: str = ""                  # task "lm": a file or folder of text; "" is the Python
-                                      # standard library's source (experiments/lm.py)
+    corpus: str = ""                  # task "lm": text files ("": Python's; experiments/lm.py)
     vocab_size: int = 8192
     seq_len: int = 64
     num_kv_pairs: int = 4
     power_a: float = 0.01
     num_train: int = 100_000
     num_test: int = 3_000
-    num_valid: int = 1000             # the validation split (apart from the test set): every
-                                      # decision reads it, early stopping and the choice of a
-                                      # learning rate (cells); 0: none, so no early stop
+    num_valid: int = 1000             # the validation split: every decision reads it (early
+                                      # stopping, a learning rate); 0: none, so no early stop
     # optimisation: the CPU recipe, chosen by measurement (experiments/README.md, "The main
     # job's recipe")
     batch_size: int = 128
@@ -112,9 +105,8 @@ class Config:
                                       # and the whole split only if they pass target_acc (0: all)
     target_acc: float = 0.99          # stop once validation accuracy exceeds this
     # bookkeeping
-    preset: str = "cpu"               # "cpu" (these defaults), or the lab's preset whose
-                                      # values these are ("figure2", "figure2_plotted"): see
-                                      # make_config
+    preset: str = "cpu"               # "cpu" (these defaults), or the lab's whose values
+                                      # these are ("figure2", ...): make_config
     seed: int = 0
     device: str = "auto"              # "auto" (cuda, else mps, else cpu: resolve_device), "cpu",
                                       # "cuda", "cuda:INDEX" or "mps"
@@ -148,19 +140,14 @@ class Config:
         return new
 
 
-# name -> (the preset's values for a config, the per-layer forms of the mixers it names):
-# train.py has "cpu", the Config defaults; the Figure 2 presets are the lab's
-# (experiments/figure2.py: PRESETS), which passes them to make_config
+# name -> (its values for a config, the per-layer forms of the mixers it names): "cpu" is
+# the Config defaults; the Figure 2 presets are the lab's (experiments/figure2.py)
 PRESETS = {"cpu": (lambda config: {}, {})}
 
 
 def make_config(preset="cpu", presets=None, **overrides):
-    """A checked Config: the preset's values first, then `overrides` (Config keys) on top.
-
-    `presets` (by default PRESETS) maps a preset's name to its values for a config and the
-    per-layer forms of the mixers it names: a `mixer` named there becomes one (name,
-    options) per layer, any other mixer setting is used as it is.
-    """
+    """A checked Config: the preset's values (`presets`, by default PRESETS), then
+    `overrides` (Config keys) on top; a `mixer` the preset names takes its per-layer forms."""
     presets = presets or PRESETS
     fields = [f.name for f in dataclasses.fields(Config)]
     for key in overrides:
@@ -212,17 +199,12 @@ def _parse_value(key, text, kind):
 
 
 def parse_layers(mixer, n_layers):
-    """The `mixer` setting as one (name, options) pair per layer.
-
-    "attention" puts one mixer in every layer. A comma-separated list gives one entry per
-    layer (its length must be n_layers), and each entry may carry options after colons:
-    "base_conv:kernel_size=3,base_conv" is the official BaseConv stack (a short and a long
-    filter alternating); "base_conv:kernel_size=3,based,sliding_window:window=16" a Based
-    stack. An entry may also be a mixer of your own, a class by its path, its options after
-    it: "my/gla.py:GLA", "my/gla.py:GLA:num_heads=2,attention", "mypackage.gla:GLA" (the
-    grammar: mixers.split_mixer). Option values are read as int, float, true/false or text,
-    and must be keyword arguments of that mixer's class (mixers.parse_mixer).
-    """
+    """The `mixer` setting as one (name, options) pair per layer: one mixer for every layer
+    ("attention"), or n_layers entries separated by commas, each with options after colons
+    ("base_conv:kernel_size=3,base_conv": a short and a long filter alternating). An entry
+    may be a mixer of your own, a class by its path or module ("my/gla.py:GLA:num_heads=2",
+    "mypackage.gla:GLA": mixers.split_mixer). Option values are read as int, float,
+    true/false or text, keyword arguments of the mixer's class (mixers.parse_mixer)."""
     entries = mixer.split(",")
     if len(entries) not in (1, n_layers):
         raise ValueError(f"mixer={mixer!r} lists {len(entries)} layers but n_layers={n_layers}: "
@@ -341,12 +323,7 @@ def check_config(config):
 
 def resolve_device(name):
     """The device of a `device` setting; "auto" is the first of cuda (an NVIDIA GPU), mps
-    (an Apple GPU) and cpu that this machine and torch build have.
-
-    On mps the run trains in float32, as everywhere (nothing of a run's needs float64,
-    which mps lacks); an op mps lacks runs on the CPU with PyTorch's warning
-    (PYTORCH_ENABLE_MPS_FALLBACK, which this file sets before it imports torch); amp and
-    compile are refused there (check_config)."""
+    (an Apple GPU, float32 as everywhere; an op it lacks runs on the CPU) and cpu."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else
                             "mps" if torch.backends.mps.is_available() else "cpu")
@@ -485,20 +462,17 @@ class LanguageModel(nn.Module):
 def init_weights(model, scheme, n_layers, block="pre_norm"):
     """Initialise the Linear and Embedding layers of `model` by one of INITS.
 
-    normal  every Linear and Embedding weight N(0, 0.02), biases 0, outside the modules that
-            keep their own initialisation (class attribute `keeps_own_init`: Mamba, whose Δ
-            and projections are initialised as Gu & Dao's, and the implicit filters, whose
-            MLPs must start as non-trivial filters). The CPU default.
-    gpt2    the official `_init_weights` (zoology/model.py) as the Figure 2 runs used it:
-            every Linear and Embedding weight N(0, 0.02) and bias 0, implicit filters' MLPs
-            included; then the output projections it rescales N(0, 0.02/√(2L)) (GPT-2's
-            depth scaling). It rescales parameters named "out_proj.weight" or "fc2.weight":
-            attention's, Hyena's, selective attention's and the MLP's output layers, not
-            H3's (output_linear there), RWKV's (output) or Based's (proj_o): mixer classes say
-            so with `rescale_out_proj = False`. With the Mamba block (rms_pre_norm) the
-            official code takes its Mamba branch instead: Embedding weights N(0, 0.02),
-            Linear biases 0, each mixer's out_proj drawn as PyTorch's default and divided by
-            √L; everything else keeps the mixer's own initialisation.
+    normal  every Linear and Embedding weight N(0, 0.02), biases 0, except in modules that
+            keep their own (class attribute `keeps_own_init`: Mamba's Δ and projections as
+            Gu & Dao's; implicit filters' MLPs, which must start as non-trivial filters).
+    gpt2    the official `_init_weights` (zoology/model.py) of the Figure 2 runs: the same
+            draw, implicit filters included, then N(0, 0.02/√(2L)) for the output
+            projections it rescales (named "out_proj.weight" or "fc2.weight": attention's,
+            Hyena's, selective attention's, the MLP's; not H3's output_linear, RWKV's
+            output or Based's proj_o, whose classes say `rescale_out_proj = False`). With
+            the Mamba block (rms_pre_norm) its Mamba branch: Embedding N(0, 0.02), Linear
+            biases 0, each mixer's out_proj PyTorch's default divided by √L, the rest the
+            mixer's own.
     """
     if scheme == "gpt2" and block == "rms_pre_norm":
         for module in model.modules():
@@ -569,14 +543,12 @@ def evaluation(model, valid, test, config, final=False):
     (inputs, labels) pair.
 
     The validation split decides: its first eval_probe examples are scored ("valid_probe"),
-    and only if they pass target_acc the whole split ("valid_acc", with its mean
-    cross-entropy "valid_loss"), which the stopping rule reads. The probe saves most
-    evaluations their cost (a whole split of 1,000 examples is 2x a probe of 500). The test
-    split is scored alike, its first eval_probe examples ("test_probe") beside a validation
-    probe and the whole split ("test_acc") beside a whole validation score and on the final
-    step, for the record and the curves: no decision reads it. (The official harness stops
-    on the test accuracy; experiments/README.md, "Which split decides", says why we do not.)
-    Without a validation split (num_valid = 0) nothing can decide, so a run trains to the end.
+    and only if they pass target_acc the whole split ("valid_acc", "valid_loss"), which the
+    stopping rule reads; the probe saves most evaluations most of their cost. The test split
+    is scored alike ("test_probe" beside a validation probe, "test_acc" beside a whole
+    validation score and on the final step), for the record and the curves only. (The
+    official harness stops on the test accuracy: experiments/README.md, "Which split
+    decides".) Without a validation split (num_valid = 0) a run trains to the end.
     """
     c, scores = config, {}
     probe = lambda split: 0 < c.eval_probe < len(split[0]) and not final
@@ -655,20 +627,15 @@ def mqar_split(config, split):
 
 def train(config, data=None):
     """Train one model; return its record (also written to out_dir as JSON). `data`: its
-    (train, test, valid) sets as (inputs, labels) pairs, by default make_data(config) (MQAR;
-    the lab's LM experiment passes a corpus's).
+    (train, test, valid) sets as (inputs, labels) pairs, by default make_data(config).
 
-    Every random draw of a run (the init, dropout, the batch order) comes from generators
-    seeded by `seed` (seeded_rng, BatchOrder), never from the caller's: a run is the same run
-    alone, in a sweep, or resumed. A run survives a kill or a Ctrl-C: started again with the
-    same settings, it continues exactly where it stopped (Checkpoints). A Ctrl-C during the
-    last step finishes the run and still raises KeyboardInterrupt, so that the caller stops.
-
-    What a GPU user expects, each a setting: the data sits on the device and batches are
-    cut there; `amp` runs the training forward and loss under bfloat16 autocast (matrix
-    products in bfloat16, reductions, norms and FFTs in float32 as autocast decides, RWKV's
-    wkv in float32; no loss scaling is needed with bfloat16); `compile` runs the training
-    forward through torch.compile with that backend. Evaluation stays in float32, eager.
+    Every random draw (the init, dropout, the batch order) comes from generators seeded by
+    `seed` (seeded_rng, BatchOrder): a run is the same run alone, in a sweep, or resumed.
+    Killed or stopped with Ctrl-C, it continues exactly where it stopped when started again
+    (Checkpoints); a Ctrl-C during the last step finishes the run, then raises
+    KeyboardInterrupt so that the caller stops. On a GPU the data sits on the device; `amp`
+    runs the training forward and loss under bfloat16 autocast (no loss scaling needed) and
+    `compile` through torch.compile; evaluation stays float32 and eager.
     """
     check_config(config)
     c = config
@@ -756,10 +723,9 @@ def stopping_reason(run, config, stop, asked):
 
 
 class BatchOrder:
-    """Which training rows each step takes: epoch after epoch, a permutation of the training
-    set drawn from a generator seeded by the run's seed (shuffle), or the rows in order; an
-    epoch's last batch may be partial. A checkpoint keeps state(step), from where a run
-    continued at `step` draws the same batches."""
+    """Which training rows each step takes: epoch after epoch a permutation of the training
+    set from a generator seeded by the run's seed (shuffle), or the rows in order; an epoch's
+    last batch may be partial. A run continued from state(step) draws the same batches."""
 
     def __init__(self, config, device):
         self.config, self.device = config, device
@@ -785,17 +751,15 @@ class BatchOrder:
 
 
 class Checkpoints:
-    """The checkpoint of a run, beside its record (record_path with the suffix .ckpt): its
-    identity, weights, optimizer, RNG states, the batch order, step, history, seconds.
+    """The checkpoint of a run beside its record (suffix .ckpt): identity, weights,
+    optimizer, RNG states, batch order, step, history, seconds; written atomically at every
+    epoch's end and every `checkpoint_every` seconds, and deleted once the record is written.
 
-    Written atomically at the end of every epoch and every `checkpoint_every` seconds.
-    Ctrl-C (SIGINT) ends the step in flight, then a checkpoint and a record that says
-    "interrupted" are written; a second Ctrl-C abandons the step in flight (the last
-    checkpoint stands). Started again with the same settings, a run continues from its
-    checkpoint exactly: the same batches, dropout masks and weights as a run never stopped,
-    on the same device type and thread count. A checkpoint of another device type is
-    refused: its random streams are not this device's. The checkpoint goes once the record
-    is written (save_run)."""
+    Ctrl-C ends the step in flight, then writes a checkpoint and a record that says
+    "interrupted"; a second Ctrl-C abandons the step (the last checkpoint stands). Started
+    again with the same settings, a run continues exactly: the same batches, dropout masks
+    and weights as a run never stopped, on the same device type and thread count (a
+    checkpoint of another device type is refused: its random streams are not this one's)."""
 
     def __init__(self, config, model, optimizer, order, device):
         self.config, self.model, self.optimizer, self.order, self.device = (
@@ -817,9 +781,8 @@ class Checkpoints:
         return run["train_time"] + time.perf_counter() - self.segment_start
 
     def save_if_due(self, run, ended):
-        """Checkpoint after an epoch's last step, when checkpoint_every seconds have passed
-        since the last one, or when the run was interrupted; never when it has ended
-        otherwise (its record follows)."""
+        """Checkpoint at an epoch's end, every checkpoint_every seconds, or when
+        interrupted; never when the run has ended otherwise (its record follows)."""
         c = self.config
         if ended in (None, "interrupted") and (
                 run["step"] % steps_per_epoch(c) == 0 or ended or
@@ -902,12 +865,10 @@ def stop_requests():
 # ----------------------------------------------------------------------------------------
 # the record: what names a run (identity), what its record holds, where and how it is written
 
-# The identity of a run is the settings that differ from the Config defaults, with this
-# schema number. Adding a setting whose default keeps the old behaviour changes no identity;
-# changing what a default means must bump the number, which renames every run.
-# Schema 2: early stopping reads the validation split (num_valid 1000 by default).
+# A new setting whose default keeps the old behaviour changes no identity; changing what a
+# default means must bump the schema, which renames every run. Schema 2: early stopping
+# reads the validation split (num_valid 1000 by default).
 RECORD_SCHEMA = 2
-# where and how, not what
 NOT_IDENTITY = ("out_dir", "progress", "label", "save_model", "checkpoint_every")
 
 
@@ -935,9 +896,8 @@ def run_name(config):
 
 
 def _readable(entry):
-    """A mixer entry as a run's name shows it: as written, but a mixer of your own by its
-    file's name (or its module) and class, with no folder and no character a file name
-    cannot hold; its full path and source are in the record (identity)."""
+    """A mixer entry as a run's name shows it: a mixer of your own by its file's (or
+    module's) name and class, no folder and no character a file name cannot hold."""
     name, texts = split_mixer(entry)
     if not is_outside(name):
         return entry
@@ -952,11 +912,9 @@ def record_path(config):
 
 @torch.no_grad()
 def selected_rows(model, inputs, labels, batch_size=256):
-    """For each selective-attention layer of `model` (none: []), in eval mode over (inputs,
-    labels): the mean number of rows it keeps per example ("rows"), the share of query
-    (labelled) positions among them ("queries") and the share of query positions it keeps
-    ("coverage"): what Section 5's selections attend at. A layer that selects rows says so
-    by its attribute `selected`, the rows its last forward kept (SelectiveAttention's)."""
+    """For each layer that selects rows (its attribute `selected`: Section 5's selective
+    attention), over (inputs, labels) in eval mode: the mean rows kept per example ("rows"),
+    the share of queries among them ("queries") and of queries kept ("coverage")."""
     layers = [b.mixer for b in model.blocks if hasattr(b.mixer, "selected")]
     if not layers:
         return []
@@ -978,9 +936,8 @@ def selected_rows(model, inputs, labels, batch_size=256):
 
 
 def make_record(config, model, run, ended, final, selection, device, wall_time):
-    """A run's record: its settings, final test (and validation) scores, steps, how it
-    ended, times, parameters, provenance and history; with Section 5's selection statistics
-    and where it was resumed, if any."""
+    """A run's record: settings, final scores, steps, how it ended, times, parameters,
+    provenance, history; Section 5's selection statistics and its resumes, if any."""
     record = {
         "schema": RECORD_SCHEMA, "config": dataclasses.asdict(config),
         "test_acc": final["test_acc"], "steps": run["step"], "ended": ended,
@@ -997,9 +954,8 @@ def make_record(config, model, run, ended, final, selection, device, wall_time):
 
 
 def save_run(record, model, config):
-    """Write the weights (if save_model) and then the record, so that a record means they
-    are there; then the checkpoint goes, unless the run was interrupted (the same command
-    continues it)."""
+    """Write the weights (if save_model), then the record, then delete the checkpoint unless
+    the run was interrupted (the same command continues it)."""
     path = record_path(config)
     if config.save_model:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1019,8 +975,8 @@ def finished_record(config):
 
 
 def provenance(device):
-    """What produced a record: the code's git commit and whether mixers.py, mqar.py or
-    train.py differed from it (None outside a git checkout), torch, device and threads."""
+    """What produced a record: git commit, whether mixers.py, mqar.py or train.py differed
+    from it (None outside a git checkout), torch, device and threads."""
     here = Path(__file__).resolve().parent
     git = lambda *args: subprocess.run(["git", *args], cwd=here, capture_output=True,
                                        text=True, check=True).stdout.strip()
@@ -1042,14 +998,12 @@ def save_record(record, path):
 
 
 # ----------------------------------------------------------------------------------------
-# one run from the command line (python train.py --key=value ... [--seeds=COUNT]), and
-# the line that summarizes its seeds
+# one run from the command line, or COUNT seeds of it and the line that summarizes them
 
 def run_command(flags, rest, presets=None, data=None):
-    """--key=value ... [--seeds=COUNT]: one run (or COUNT seeds of it, then a summary line),
-    its settings from the preset's (make_config: train.py's own, or the lab's `presets`)
-    and `rest`, its data data(config) (the lab's, for a language model; None: make_data's).
-    Returns the exit status."""
+    """--key=value ... [--seeds=COUNT]: one run (or COUNT seeds, then a summary line), its
+    settings make_config(presets, rest), its data data(config) (None: make_data's). Returns
+    the exit status."""
     n_seeds = _positive_flag(flags, "seeds", 1)
     config = make_config(presets=presets, **parse_arguments(rest))
     records = []
@@ -1081,9 +1035,9 @@ def _positive_flag(flags, key, default):
 
 
 def summarize(records):
-    """One line over runs that differ only in seed: how many passed the target, and the
-    median and range of their steps and training seconds, a run that never passed counting
-    as longer than any that did (its figure then prints as "> n", n its last step)."""
+    """One line over runs that differ only in seed: how many passed the target, the median
+    and range of their steps and seconds (a run that never passed counts as longer than any
+    that did, printed "> n", n its last step)."""
     def spread(values, finished):
         ranked = sorted(zip([not f for f in finished], values))   # unfinished runs last
         n = len(ranked)
@@ -1116,8 +1070,8 @@ def seeds_text(records):
 
 
 # ----------------------------------------------------------------------------------------
-# tables and figures of records, for the main job and --seeds (the lab imports them for
-# its own): Markdown exactly as the README shows it (a test compares), one colour per model
+# tables and figures of records (the lab's too): Markdown as the README shows it (a test
+# compares), one colour per model
 
 # one colour per model across every figure; a label not listed gets one from its name
 MODEL_COLORS = {"attention": 0, "base_conv": 2, "BaseConv": 2, "h3": 4, "H3": 4, "hyena": 6,
@@ -1141,9 +1095,8 @@ def model_color(label):
 
 
 def wrapped(text, width_in, fontsize=9):
-    """`text` with each of its lines broken between words to fit `width_in` inches (less a
-    margin) at `fontsize` points, each word's width measured in matplotlib's default font,
-    so that no title is clipped."""
+    """`text` with each line broken between words to fit `width_in` inches at `fontsize`
+    points in matplotlib's default font, so that no title is clipped."""
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextPath
     width = lambda s: TextPath((0, 0), s, size=fontsize, prop=FontProperties()).get_extents().width
@@ -1197,10 +1150,9 @@ def examples_seen(config, steps):
 
 
 def runs_table(records, order=None, curves=False):
-    """One row per run: model (its label, else its mixer), N, D, d, steps with the examples
-    they drew, how it ended, test and validation accuracy, training seconds; with `curves`
-    the test accuracy at each evaluation (a probe's score starred). Rows in the `order`
-    ({label: rank}) of their labels, then by label, mixer, N, d and seed."""
+    """One row per run: model (label, else mixer), N, D, d, steps (examples), how it ended,
+    test and validation accuracy, training seconds; with `curves` the test accuracy at each
+    evaluation (a probe's starred). Rows by `order` ({label: rank}), label, mixer, N, d, seed."""
     order = order or {}
     key = lambda r: (order.get(r["config"]["label"], len(order)), r["config"]["label"],
                      r["config"]["mixer"], r["config"]["seq_len"], r["config"]["d_model"],
@@ -1227,12 +1179,10 @@ CURVE_STYLES = ("-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))   # dotted (":") is th
 
 
 def plot_curves(records, path, scale, reference, name):
-    """Test accuracy against training examples seen, one line per run (its history; where
-    an evaluation scored only the probe, the first eval_probe test examples, that score,
-    hollow): one colour per model (model_color), one line style and marker per cell
-    (N, D, d), each named once in the legend; the paper's Figure 2 value of a run's cell,
-    reference(config) (None: none), dotted in its colour. The title names the runs (`name`),
-    their `scale`, budget and seeds."""
+    """Test accuracy against examples seen, one line per run (a probe's score hollow), one
+    colour per model (model_color), one line style and marker per cell (N, D, d); the
+    paper's value of a run's cell, reference(config) (None: none), dotted in its colour. The
+    title names the runs (`name`), their `scale`, budget and seeds."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
@@ -1293,10 +1243,9 @@ PAPER_FIG2_SOURCE = "the paper's Figure 2 (c = 8192, its own budget; read off th
 
 
 def main_job(folder="results/runs/main"):
-    """Train the two runs of MAIN_MODELS (each again, continuing only from a checkpoint of
-    its own), print their table and draw their curves to <folder>.png; returns the records.
-    The default folder is one git ignores: the committed results/main/ stays the README's
-    (python -m experiments --sweep=main prints and draws it)."""
+    """Train the two runs of MAIN_MODELS (afresh, or from a checkpoint of its own), print their table and draw their
+    curves to <folder>.png; returns the records. The default folder is one git ignores: the
+    committed results/main/ stays the README's (python -m experiments --sweep=main)."""
     records = []
     Path(folder).mkdir(parents=True, exist_ok=True)
     for label, mixer in tqdm(MAIN_MODELS.items(), desc="main (cpu)", unit="run"):
