@@ -4257,11 +4257,11 @@ def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monk
     record("fig2_epochs", "figure2", 1e-2, valid=0.99, test=0.99, epochs=2, mixer="attention",
            label="attention", ended="target_reached")
     rows = [r.strip("| ").split(" | ") for r in cli.markdown_table("fig2_plotted").splitlines()[2:]]
-    assert [r[:8] for r in rows] == [
-        ["HEAD", "64", "0.01", "2", "512", "0.1", "no", "64"],
-        ["as plotted (8486daf)", "64", "0.00215", "8", "1,024", "0.01", "yes", "16 (budget)"],
-        ["as plotted (8486daf)", "64", "0.01", "8", "1,024", "0.01", "yes", "16 (budget)"]]
-    assert [r[8:] for r in rows] == [
+    assert [r[:9] for r in rows] == [
+        ["HEAD", "64", "0.01", "0", "2", "512", "0.1", "no", "64"],
+        ["as plotted (8486daf)", "64", "0.00215", "0", "8", "1,024", "0.01", "yes", "16 (budget)"],
+        ["as plotted (8486daf)", "64", "0.01", "0", "8", "1,024", "0.01", "yes", "16 (budget)"]]
+    assert [r[9:] for r in rows] == [
         [".009 .018 .035 .070 .140 .280 .420 .560", ".080", "0.70", "1.0"],
         [".019 .037 .075 .150 .300 – – –", ".500 ✓", "0.70", "1.0"],
         [".056 .113 .225 .450 .900 – – –", ".400", "0.70", "1.0"]]
@@ -4283,7 +4283,8 @@ def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
 
 def test_fig2_plotted_runs_64_epochs_at_the_rate_its_16_epoch_runs_chose_on_validation():
     """FIG2_PLOTTED_LR is plotted_choice of the committed 16-epoch runs as plotted (both of
-    their rates there), and the sweep's 64-epoch runs take it at d = 64 and 128."""
+    their rates there), and the sweep's 64-epoch runs take it at d = 64 and 128 (at d = 64
+    also with a second seed)."""
     records = common.load_records(REPO / "results" / "fig2_plotted")
     short = [r for r in records if r["config"]["preset"] == "figure2_plotted"
              and r["ended"] == "budget_steps"]
@@ -4291,8 +4292,9 @@ def test_fig2_plotted_runs_64_epochs_at_the_rate_its_16_epoch_runs_chose_on_vali
     assert figure2.plotted_choice(records) == {64: figure2.FIG2_PLOTTED_LR}
     full = [o for _, o in common.sweep_runs("fig2_plotted", figure2.SWEEPS["fig2_plotted"], "cpu")
             if "budget_steps" not in o]
-    assert [(o["d_model"], o["lr"]) for o in full] == [(64, figure2.FIG2_PLOTTED_LR),
-                                                       (128, figure2.FIG2_PLOTTED_LR)]
+    lr = figure2.FIG2_PLOTTED_LR
+    assert [(o["d_model"], o["lr"], o["seed"]) for o in full] == [(64, lr, 0), (128, lr, 0),
+                                                                  (64, lr, 1)]
 
 
 def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):

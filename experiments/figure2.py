@@ -210,7 +210,9 @@ FIG2_EPOCHS_LRS = {("base_conv", 64): 1e-2, ("base_conv", 128): 2.15e-3, ("atten
 # 8486daf's, and the plotted run at 2.15e-3 too. HEAD itself is fig2_epochs' d = 64 run (its
 # first 16 epochs). Then the plotted run for all 64 epochs at d = 64 and 128, at the rate the
 # 16-epoch runs pick on validation (plotted_choice at d = 64, pinned by a test to the
-# committed records). experiments/README.md, "As the figure was run".
+# committed records), and at d = 64 with a second seed: the launches seeded neither init nor
+# data order, so a seed is one of the differences left. experiments/README.md, "As the
+# figure was run".
 PLOTTED_EPOCHS = 16
 FIG2_PLOTTED_LR = 1e-2
 PLOTTED_BASE_CONV = dict(block="pre_norm", n_layers=8, mixer=mixer_setting(
@@ -255,7 +257,9 @@ SWEEPS = {
                                                             **plotted_recipe("base_conv", 64))},
              preset=["figure2"], lr=[1e-2], budget_steps=[PLOTTED_EPOCHS * 98], **FIG2_PLOTTED),
         dict(models={"as plotted (8486daf)": "base_conv"}, preset=["figure2_plotted"],
-             lr=[FIG2_PLOTTED_LR], **{**FIG2_PLOTTED, "d_model": [64, 128]})]},
+             lr=[FIG2_PLOTTED_LR], **{**FIG2_PLOTTED, "d_model": [64, 128]}),
+        dict(models={"as plotted (8486daf)": "base_conv"}, preset=["figure2_plotted"],
+             lr=[FIG2_PLOTTED_LR], **{**FIG2_PLOTTED, "seed": [1]})]},
 }
 
 
@@ -695,11 +699,11 @@ def plotted_choice(records):
 
 
 def plotted_table(name="fig2_plotted"):
-    """One row per run (plotted_runs): its model and recipe, test accuracy after the epochs
+    """One row per run (plotted_runs): its model, seed and recipe, test accuracy after the epochs
     of EPOCHS_SHOWN, validation accuracy after epoch 16 (which picks the 64-epoch runs' lr:
     plotted_choice), and the repository figure's value for its width."""
     records, key = plotted_runs(name), lambda r: (r["config"]["d_model"],
-                                                   r["config"]["label"] != "HEAD")
+                                                   r["config"]["label"] != "HEAD", r["seed"])
     chosen = plotted_choice(records)
     rows = []
     for r in sorted(records, key=key):
@@ -707,14 +711,14 @@ def plotted_table(name="fig2_plotted"):
         valid = epoch_scores(r, "valid_acc")
         picked = (c.preset == "figure2_plotted" and r["ended"] == "budget_steps"
                   and chosen.get(c.d_model) == c.lr)
-        rows.append([c.label, c.d_model, f"{c.lr:g}", c.n_layers, f"{c.batch_size:,}",
+        rows.append([c.label, c.d_model, f"{c.lr:g}", c.seed, c.n_layers, f"{c.batch_size:,}",
                      f"{c.weight_decay:g}", "yes" if c.shuffle else "no",
                      f"{max(test)}" + (" (budget)" if r["ended"] == "budget_steps" else ""),
                      " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
                      acc_text(valid[PLOTTED_EPOCHS]) + (" ✓" if picked else ""),
                      f"{REPO_FIG2_BASE_CONV.get(c.d_model, float('nan')):.2f}",
                      f"{r['train_time_s'] / 3600:.1f}"])
-    return markdown(["run", "d", "lr", "sublayers", "batch", "weight decay", "reshuffled",
+    return markdown(["run", "d", "lr", "seed", "sublayers", "batch", "weight decay", "reshuffled",
                      "epochs", "test accuracy after epoch " + ", ".join(map(str, EPOCHS_SHOWN)),
                      f"valid acc after epoch {PLOTTED_EPOCHS}", "Figure 2 (repository)",
                      "training h"], rows)
@@ -738,9 +742,10 @@ def plot_plotted(name="fig2_plotted"):
             i = labels.index(c.label)
             cut = 0 < c.budget_steps < c.max_steps    # the first epochs of a 64-epoch run
             ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()),
-                    color=f"C{i}", ls=("-", "--")[c.lr < 1e-2], ms=2.5, lw=(1.5, 3)[cut],
-                    alpha=(1, 0.5)[cut], marker=MARKERS[i % len(MARKERS)],
-                    label=f"{c.label}, lr {c.lr:g}" + (f", {len(test)} epochs" if cut else ""))
+                    color=f"C{i}", ls=":" if c.seed else ("-", "--")[c.lr < 1e-2], ms=2.5,
+                    lw=(1.5, 3)[cut], alpha=(1, 0.5)[cut], marker=MARKERS[i % len(MARKERS)],
+                    label=f"{c.label}, lr {c.lr:g}" + (f", seed {c.seed}" if c.seed else "")
+                    + (f", {len(test)} epochs" if cut else ""))
         paper = REPO_FIG2_BASE_CONV.get(d)
         if paper is not None:
             ax.axhline(paper, color="k", ls=":", lw=1.2)
