@@ -77,7 +77,7 @@ class Config:
     init: str = "normal"              # "normal" or "gpt2" (the official scheme): see init_weights
     # data (Procedure 1)
     task: str = "mqar"                # "mqar", or "lm": next-token prediction on real text
-                                      # (Section 3.1; run_lm_experiment)
+                                      # (Section 3.1; experiments/lm.py)
     corpus: str = ""                  # task "lm": text files ("": Python's; experiments/lm.py)
     vocab_size: int = 8192
     seq_len: int = 64
