@@ -740,7 +740,7 @@ def plot_plotted(name="fig2_plotted"):
             if c.d_model != d:
                 continue
             i = labels.index(c.label)
-            cut = 0 < c.budget_steps < c.max_steps    # the first epochs of a 64-epoch run
+            cut = r["ended"] == "budget_steps"        # the first epochs of a 64-epoch run
             ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()),
                     color=f"C{i}", ls=":" if c.seed else ("-", "--")[c.lr < 1e-2], ms=2.5,
                     lw=(1.5, 3)[cut], alpha=(1, 0.5)[cut], marker=MARKERS[i % len(MARKERS)],
