@@ -3919,17 +3919,19 @@ def test_help_names_every_sweep(capsys):
     assert train.main(["--help"]) == 0 and "python -m experiments --help" in capsys.readouterr().out
 
 
-# sweeps still training (across sessions, from their checkpoints): their records so far
-PENDING_SWEEPS = {"fig2_plotted"}
+# sweeps still training (across sessions, from their checkpoints): their records so far;
+# fig2_plotted_grid waits for a GPU
+PENDING_SWEEPS = {"fig2_plotted", "fig2_plotted_grid"}
 
 
 def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     """The records in results/<sweep>/ are exactly the records that the sweep's --dry_run
     lines write today: no file under an old name, no run missing, none extra; a sweep
     still training (PENDING_SWEEPS) has some of them, not all."""
-    for name in cli.SWEEPS:
+    for name, sweep in cli.SWEEPS.items():
+        scale = "cpu" if "cpu" in sweep else "paper"               # a GPU's sweep: its own
         want = {REPO / train.record_path(figure2.make_config(**overrides))
-                for _, overrides in common.sweep_runs(name, cli.SWEEPS[name], "cpu")}
+                for _, overrides in common.sweep_runs(name, sweep, scale)}
         have = set((REPO / "results" / name).glob("*.json"))
         if name in PENDING_SWEEPS:
             assert have < want, (name, "finished: take it out of PENDING_SWEEPS"
@@ -4295,6 +4297,51 @@ def test_fig2_plotted_runs_64_epochs_at_the_rate_its_16_epoch_runs_chose_on_vali
     lr = figure2.FIG2_PLOTTED_LR
     assert [(o["d_model"], o["lr"], o["seed"]) for o in full] == [(64, lr, 0), (128, lr, 0),
                                                                   (64, lr, 1)]
+
+
+def test_fig2_plotted_grid_is_figure2s_n64_column_as_its_launches_ran_it():
+    """fig2_plotted_grid (a GPU's, paper scale only): BaseConv at d = 64, 128 first, then
+    H3, RWKV, Hyena and attention at the four widths, each at the four rates of
+    logspace(-4, -2, 4) with seed 0, all --preset=figure2_plotted at N = 64, D = 4: 64
+    epochs of their launch's batch (attention's 256, the others' 1,024), and Figure 2's
+    value for every cell, so every figure draws its cross."""
+    sweep = figure2.SWEEPS["fig2_plotted_grid"]
+    with pytest.raises(ValueError, match="scale='cpu' is not allowed"):
+        common.sweep_runs("fig2_plotted_grid", sweep, "cpu")
+    configs = [figure2.make_config(**o)
+               for _, o in common.sweep_runs("fig2_plotted_grid", sweep, "paper")]
+    lrs, widths = (1e-4, 4.64e-4, 2.15e-3, 1e-2), (64, 128, 256, 512)
+    assert [(c.label, c.d_model, c.lr) for c in configs] == (
+        [("base_conv", d, lr) for d in (64, 128) for lr in lrs]
+        + [(m, d, lr) for m in ("h3", "rwkv", "hyena", "attention") for d in widths for lr in lrs])
+    for c in configs:
+        assert (c.preset, c.seq_len, c.num_kv_pairs, c.seed) == ("figure2_plotted", 64, 4, 0)
+        assert (c.batch_size, c.max_steps) == ((256, 25_024) if c.label == "attention"
+                                               else (1_024, 6_272))
+        assert figure2.figure2_value(c) == figure2.PAPER_FIG2[c.label][64][widths.index(c.d_model)]
+    assert configs[0].mixer == figure2.PLOTTED_BASE_CONV["mixer"]
+
+
+def test_fig2_plotted_grid_table_gives_the_validation_choice_and_the_figures_rule(tmp_path,
+                                                                                 monkeypatch):
+    """--table=fig2_plotted_grid: a cell's test accuracy at the rate validation chose, and
+    beside it the best test accuracy of its rates (the plotting script's max over the lrs)
+    and Figure 2's value; --plot draws its figures."""
+    monkeypatch.chdir(tmp_path)
+    for mixer, lr, valid, test in (("base_conv", 1e-2, 0.5, 0.6), ("base_conv", 2.15e-3, 0.4, 0.7),
+                                   ("hyena", 1e-2, 0.3, 0.3)):
+        c = figure2.make_config(preset="figure2_plotted", mixer=mixer, label=mixer, lr=lr,
+                                out_dir="results/fig2_plotted_grid", progress=False)
+        train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
+                           "history": [{"step": c.max_steps, "loss": 1.0, "valid_acc": valid,
+                                        "test_acc": test}],
+                           "steps": c.max_steps, "train_time_s": 60.0}, train.record_path(c))
+    rows = [r.strip("| ").split(" | ")
+            for r in cli.markdown_table("fig2_plotted_grid").splitlines()[2:]]
+    assert [[r[0], r[3], r[4], r[-2], r[-1]] for r in rows] == [
+        ["base_conv", "64", "0.600", ".700", "0.69"], ["hyena", "64", "0.300", ".300", "0.51"]]
+    assert cli.main(["--plot=fig2_plotted_grid"]) == 0
+    assert (tmp_path / "results/fig2_plotted_grid.png").stat().st_size > 10_000
 
 
 def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):

@@ -18,9 +18,10 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
                                       the launch the figure plots), --seeds=COUNT as train.py
   --sweep=NAME [--scale=cpu|paper]    a sweep of SWEEPS (main, every_mixer, frontier, fig2,
                                       fig6, hybrids, fig2_lr, fig2_pilot, fig2_epochs,
-                                      fig2_plotted, f2); records in results/<sweep>/, finished
-                                      runs skipped, unfinished ones continued; --workers=K
-                                      runs K at once; --launcher=slurm submits them through
+                                      fig2_plotted, f2; fig2_plotted_grid at paper scale
+                                      only); records in results/<sweep>/, finished runs
+                                      skipped, unfinished ones continued; --workers=K runs K
+                                      at once; --launcher=slurm submits them through
                                       submitit (submit_sweep); --dry_run prints their command
                                       lines instead (xargs -P, ...)
   --sweep=frontier --mixer=path/to/file.py:Class   a mixer of your own on the recall frontier:
@@ -54,7 +55,8 @@ from experiments.common import (SweepFailed, load_records, model_order, run_swee
 from experiments import f2, figure2, figure6, frontier, hybrids
 from experiments.f2 import f2_table, plot_f2
 from experiments.figure2 import (BASE_CONV, FOLDER_TABLES, PRESETS, curves_figure, fig2_table,
-                                 make_config, plot_epochs, plot_fig2, plot_lr, plot_plotted)
+                                 make_config, plot_epochs, plot_fig2, plot_lr, plot_plotted,
+                                 plotted_grid_table)
 from experiments.figure6 import fig6_table, plot_fig6
 from experiments.frontier import (YOURS, frontier_table, plot_frontier, plot_yours, yours_sweep,
                                   yours_table)
@@ -97,7 +99,8 @@ SWEEPS = {
 # and the figures of each, from its experiment's file
 CELL_SWEEPS = {"fig2": (fig2_table, plot_fig2), "fig6": (fig6_table, plot_fig6),
                "hybrids": (hybrids_table, plot_hybrids), "f2": (f2_table, plot_f2),
-               "frontier": (frontier_table, plot_frontier)}
+               "frontier": (frontier_table, plot_frontier),
+               "fig2_plotted_grid": (plotted_grid_table, plot_fig2)}
 # the folders whose runs make one table each (not sweeps), and whether it shows the curves
 RUN_TABLES = {"main": False, "every_mixer": False, "seeds": False, "figure2_cpu": True,
               "fig2_budget": True, "fig6_budget": True}

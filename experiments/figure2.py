@@ -6,15 +6,17 @@ Here: the official Figure 2 configuration and the launches the figure plots, as 
 the plot; a sweep's table and figure in Figure 2's layout, which Figure 6, the hybrids,
 F.2 and the frontier are drawn in too (figure6.py, hybrids.py, f2.py, frontier.py); and
 Figure 2 on the paper's budget: the pilot of its learning rates (fig2_pilot), 64 epochs
-(fig2_epochs), BaseConv as the figure ran it (fig2_plotted), and every learning rate and
-seed at cpu scale (fig2_lr). experiments/README.md says what each shows.
+(fig2_epochs), BaseConv as the figure ran it (fig2_plotted) and its whole N = 64 column so
+on a GPU (fig2_plotted_grid), and every learning rate and seed at cpu scale (fig2_lr).
+experiments/README.md says what each shows.
 
 Rerun (python -m experiments ...):
   --sweep=fig2 [--scale=paper] [--workers=K]   the figure's grid (records in results/fig2/),
                                                then --table=fig2, --table=fig2:trend and
                                                --plot=fig2 (results/fig2.png, _state, _curves)
   --sweep=NAME, then --table=NAME and --plot=NAME, for fig2_pilot (its table only),
-                                               fig2_epochs, fig2_plotted and fig2_lr
+                                               fig2_epochs, fig2_plotted, fig2_lr and
+                                               fig2_plotted_grid (--scale=paper)
   --preset=figure2 --mixer=base_conv [--key=value ...]   one official run
                                                (--preset=figure2_plotted: as plotted)
 """
@@ -218,6 +220,14 @@ FIG2_PLOTTED_LR = 1e-2
 PLOTTED_BASE_CONV = dict(block="pre_norm", n_layers=8, mixer=mixer_setting(
     [PLOTTED_MIXERS["base_conv"](i, 64) for i in range(8)]))
 FIG2_PLOTTED = dict(nd=[(64, 4)], d_model=[64], seed=[0])
+# Figure 2's N = 64 column as its launches ran it, for a GPU (fig2_plotted_grid): BaseConv at
+# fig2_plotted's two widths, then H3, RWKV, Hyena and attention at the figure's four, each
+# at the four rates of logspace(-4, -2, 4) and seed 0, as the launches seeded nothing. The
+# rates are the launches', but for H3's at N = 64, which ran uncommitted code between
+# 49b1384 (logspace(-3.3, -2, 4), N >= 128) and fcb7c75 (logspace(-4, -2, 4), N = 64 alone
+# active): the later one's are taken. Figure 2's own rule picks the best test accuracy of
+# the four (plotted_grid_table shows it beside the rate chosen on validation).
+PLOTTED_GRID = dict(preset=["figure2_plotted"], nd=[(64, 4)], lr=PAPER_LRS, seed=[0])
 SWEEPS = {
     "fig2": {
         "paper": dict(models={**FIG2_MODELS, **INPUT_DEPENDENT_MODELS}, **PAPER_GRID),
@@ -260,6 +270,10 @@ SWEEPS = {
              lr=[FIG2_PLOTTED_LR], **{**FIG2_PLOTTED, "d_model": [64, 128]}),
         dict(models={"as plotted (8486daf)": "base_conv"}, preset=["figure2_plotted"],
              lr=[FIG2_PLOTTED_LR], **{**FIG2_PLOTTED, "seed": [1]})]},
+    "fig2_plotted_grid": {"paper": [
+        dict(models={"base_conv": "base_conv"}, d_model=[64, 128], **PLOTTED_GRID),
+        dict(models={m: m for m in ("h3", "rwkv", "hyena", "attention")},
+             d_model=PAPER_GRID["d_model"], **PLOTTED_GRID)]},
 }
 
 
@@ -292,19 +306,20 @@ def figure2_at_64(label, d_model):
 def figure2_model(config):
     """The key of PAPER_FIG2 for the model `config` trains, if it is a model of Figure 2 on
     Figure 2's task, else None: its label is that key, its mixer the stack the fig2 sweep
-    trains under that label (cpu scale, or --preset=figure2's official forms), its (N, D)
-    one of Figure 2's (PAPER_GRID) and its α Figure 2's 0.01. So the main job's, f2's,
-    hybrids' and the frontier's BaseConv (the paper's short-then-long stack) have Figure 2's
-    values; the frontier's "attention" (BaseConv, then attention) and Figure 6's runs
-    (α = 0.1) have none."""
+    trains under that label (cpu scale, or the official forms of --preset=figure2 or
+    figure2_plotted), its (N, D) one of Figure 2's (PAPER_GRID) and its α Figure 2's 0.01.
+    So the main job's, f2's, hybrids' and the frontier's BaseConv (the paper's
+    short-then-long stack) have Figure 2's values; the frontier's "attention" (BaseConv,
+    then attention) and Figure 6's runs (α = 0.1) have none."""
     label = config.label
     if (label not in PAPER_FIG2 or (config.seq_len, config.num_kv_pairs) not in PAPER_GRID["nd"]
             or config.power_a != figure2_values(config)["power_a"]):
         return None
     cpu = {name: mixer for grid in SWEEPS["fig2"]["cpu"] for name, mixer in grid["models"].items()}
-    official = make_config(preset="figure2", mixer=label, seq_len=config.seq_len,
-                           num_kv_pairs=config.num_kv_pairs, n_layers=config.n_layers).mixer
-    return label if config.mixer in (cpu.get(label), official) else None
+    official = [make_config(preset=preset, mixer=label, seq_len=config.seq_len,
+                            num_kv_pairs=config.num_kv_pairs, n_layers=config.n_layers).mixer
+                for preset in ("figure2", "figure2_plotted")]
+    return label if config.mixer in (cpu.get(label), *official) else None
 
 
 def figure2_points(config):
@@ -759,6 +774,18 @@ def plot_plotted(name="fig2_plotted"):
                          "weight decay 0.01, reshuffled) and HEAD's recipe, one setting "
                          "swapped at a time; seed 0, c = 8192", 5 * len(widths)), fontsize=9)
     return save_figure(fig, f"results/{name}.png")
+
+
+def plotted_grid_table(name="fig2_plotted_grid"):
+    """--table=fig2_plotted_grid: its cells (cells_table, the rate chosen on validation), the
+    best test accuracy of the cell's rates (Figure 2's rule: the plotting script takes the
+    max over the lrs) and Figure 2's value at N = 64."""
+    records = load_records(f"results/{name}")
+    at = lambda row: [r["test_acc"] for r in records if (r["config"]["label"],
+                      r["config"]["d_model"]) == (row["label"], row["d_model"])]
+    return cells_table(name, SWEEPS[name], (["best test acc of the rates", "the paper (N = 64)"],
+                                            lambda row, runs: [acc_text(max(at(row))),
+                                                               *paper_column(row, runs)]))
 
 
 # ----------------------------------------------------------------------------------------
