@@ -742,13 +742,14 @@ def plotted_table(name="fig2_plotted"):
 
 def plot_plotted(name="fig2_plotted"):
     """results/<name>.png: test accuracy after every epoch against training examples seen,
-    one line per run (plotted_runs), a panel per width, the repository figure's value for
-    BaseConv at that width dotted. Returns the path."""
+    one line per run (plotted_runs), a panel per width with its legend below it, the
+    repository figure's value for BaseConv at that width dotted. Returns the path."""
     plt = pyplot()
     records = plotted_runs(name)
     widths = sorted({r["config"]["d_model"] for r in records})
     labels = sorted({r["config"]["label"] for r in records}, key=lambda l: (l != "HEAD", l))
-    fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 4), squeeze=False)
+    others = sorted({r["seed"] for r in records} - {0})
+    fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 5.5), squeeze=False)
     for ax, d in zip(axes[0], widths):
         for r in sorted(records, key=lambda r: (labels.index(r["config"]["label"]),
                                                 r["config"]["lr"])):
@@ -770,10 +771,12 @@ def plot_plotted(name="fig2_plotted"):
         ax.set(xlabel="training examples seen (millions; 0.1M per epoch)",
                ylabel="test accuracy", ylim=(0, 1.02), xlim=(0, 6.4 * 1.01),
                title=f"BaseConv, N = 64, D = 4, d = {d}")
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle(wrapped("Figure 2's BaseConv as plotted (8486daf: 8 sublayers, batch 1024, "
                          "weight decay 0.01, reshuffled) and HEAD's recipe, one setting "
-                         "swapped at a time; seed 0, c = 8192", 5 * len(widths)), fontsize=9)
+                         "swapped at a time; seed 0" + (", dotted: seed " + ", ".join(
+                             map(str, others)) if others else "") + ", c = 8192",
+                         5 * len(widths)), fontsize=9)
     return save_figure(fig, f"results/{name}.png")
 
 
