@@ -748,7 +748,7 @@ def plot_plotted(name="fig2_plotted"):
     records = plotted_runs(name)
     widths = sorted({r["config"]["d_model"] for r in records})
     labels = sorted({r["config"]["label"] for r in records}, key=lambda l: (l != "HEAD", l))
-    others = sorted({r["seed"] for r in records} - {0})
+    others = [r for r in records if r["seed"]]                  # drawn dotted
     fig, axes = plt.subplots(1, len(widths), figsize=(5 * len(widths), 5.5), squeeze=False)
     for ax, d in zip(axes[0], widths):
         for r in sorted(records, key=lambda r: (labels.index(r["config"]["label"]),
@@ -774,8 +774,8 @@ def plot_plotted(name="fig2_plotted"):
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle(wrapped("Figure 2's BaseConv as plotted (8486daf: 8 sublayers, batch 1024, "
                          "weight decay 0.01, reshuffled) and HEAD's recipe, one setting "
-                         "swapped at a time; seed 0" + (", dotted: seed " + ", ".join(
-                             map(str, others)) if others else "") + ", c = 8192",
+                         "swapped at a time; seed 0" + (f", dotted: {seeds_text(others)}"
+                                                        if others else "") + ", c = 8192",
                          5 * len(widths)), fontsize=9)
     return save_figure(fig, f"results/{name}.png")
 
