@@ -3895,6 +3895,7 @@ def test_a_cell_takes_the_lr_whose_mean_validation_accuracy_over_seeds_is_best()
     assert math.isclose(row["valid_acc"], 1.7 / 3, rel_tol=1e-12), row["valid_acc"]
     assert math.isclose(row["test_acc"], 0.5, rel_tol=1e-12), row["test_acc"]
     assert sorted(r["test_acc"] for r in row["runs"]) == [0.4, 0.5, 0.6]
+    assert {lr: tuple(r["test_acc"] for r in runs) for lr, runs in row["by_lr"].items()} == test
 
 
 @pytest.mark.parametrize("dof, quantile", [(1, 12.70620474), (2, 4.30265273), (5, 2.57058184),

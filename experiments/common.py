@@ -317,8 +317,9 @@ CELL_KEYS = ("mixer", "seq_len", "num_kv_pairs", "d_model")
 def cells(records):
     """One row per cell (mixer, N, D, d), with its label: the learning rate with the best
     mean validation accuracy over its seeds, and over that lr's seeds the mean test accuracy
-    and its 95% interval. A cell's runs at one lr must differ in their seed only (so seeds
-    count runs, never files), and a cell of several lrs needs validation scores to choose."""
+    and its 95% interval; `runs` are that lr's records, `by_lr` the cell's at every lr. A
+    cell's runs at one lr must differ in their seed only (so seeds count runs, never files),
+    and a cell of several lrs needs validation scores to choose."""
     by_cell = {}
     for r in records:
         cell = tuple(r["config"][k] for k in CELL_KEYS)
@@ -342,7 +343,8 @@ def cells(records):
         mean, half = mean_interval([r["test_acc"] for r in by_lr[lr]])
         label = by_lr[lr][0]["config"].get("label") or cell[0]
         rows.append(dict(zip(CELL_KEYS, cell), label=label, lr=lr, seeds=len(by_lr[lr]),
-                         test_acc=mean, interval=half, valid_acc=score(lr), runs=by_lr[lr]))
+                         test_acc=mean, interval=half, valid_acc=score(lr), runs=by_lr[lr],
+                         by_lr=by_lr))
     return rows
 
 

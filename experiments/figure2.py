@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.common import CELL_KEYS, cells, load_records, model_order, sweep_runs
+from experiments.common import cells, load_records, model_order, sweep_runs
 from train import (ENDED, PAPER_FIG2_SOURCE, Config, LanguageModel, acc_text, budget_text,
                    identity, markdown, mixer_setting, model_color, plot_curves, pyplot,
                    save_figure, seeds_text, steps_per_epoch, wrapped)
@@ -784,14 +784,10 @@ def plotted_grid_table(name="fig2_plotted_grid"):
     """--table=fig2_plotted_grid: its cells (cells_table, the rate chosen on validation), the
     best test accuracy of the cell's rates (Figure 2's rule: the plotting script takes the
     max over the lrs) and Figure 2's value at N = 64."""
-    records, best = load_records(f"results/{name}"), {}
-    for r in records:
-        cell = tuple(r["config"][k] for k in CELL_KEYS)
-        best[cell] = max(best.get(cell, 0.0), r["test_acc"])
-    columns = lambda row, runs: [acc_text(best[tuple(row[k] for k in CELL_KEYS)]),
-                                 *paper_column(row, runs)]
+    best = lambda row: max(r["test_acc"] for runs in row["by_lr"].values() for r in runs)
+    columns = lambda row, runs: [acc_text(best(row)), *paper_column(row, runs)]
     return cells_table(name, SWEEPS[name], (["best test acc of the rates", "the paper (N = 64)"],
-                                            columns), records)
+                                            columns))
 
 
 # ----------------------------------------------------------------------------------------
