@@ -36,7 +36,8 @@ import mixers
 import mqar
 import theory as th
 import train
-from experiments import bench, cli, common, figure2, figure6, frontier, lm, official
+from experiments import (bench, cli, common, figure2, figure6, figures, frontier, lm, official,
+                         presets)
 from mixers import MIXERS
 from mqar import IGNORE, multiquery_ar
 
@@ -2656,7 +2657,7 @@ def test_a_model_has_one_colour_in_every_figure():
     """model_color: the same for a label every time (also one not listed), the same for the
     two names of one model, different for different listed models, and an unlisted label
     never takes a listed model's colour."""
-    listed = {label: train.model_color(label) for label in train.MODEL_COLORS}
+    listed = {label: figures.model_color(label) for label in figures.MODEL_COLORS}
     key = lambda label: label.lower().replace("_", "")         # BaseConv and base_conv: one
     colours = {key(label): set() for label in listed}
     for label, colour in listed.items():
@@ -2664,8 +2665,8 @@ def test_a_model_has_one_colour_in_every_figure():
     assert listed["BaseConv"] == listed["base_conv"]
     assert all(len(c) == 1 for c in colours.values()), "one colour for a model's names"
     assert len({c for cs in colours.values() for c in cs}) == len(colours), "one per model"
-    assert train.model_color("a new mixer") == train.model_color("a new mixer")
-    assert train.model_color("a new mixer") not in listed.values()
+    assert figures.model_color("a new mixer") == figures.model_color("a new mixer")
+    assert figures.model_color("a new mixer") not in listed.values()
 
 
 def test_normal_init_leaves_mixers_that_keep_their_own():
@@ -3626,8 +3627,8 @@ def test_dry_run_prints_one_line_per_run_that_reproduces_it(capsys):
         for line, (label, overrides) in list(zip(lines, runs))[::max(1, len(runs) // 7)]:
             args = shlex.split(line)
             assert args[:3] == ["python", "-m", "experiments"] and f"--label={label}" in args
-            config = figure2.make_config(**train.parse_arguments(args[3:]))
-            assert config == figure2.make_config(**overrides)
+            config = presets.make_config(**train.parse_arguments(args[3:]))
+            assert config == presets.make_config(**overrides)
             assert config.out_dir == f"results/{name}"
 
 
@@ -3754,7 +3755,7 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "ONE_RUN", [str(script)])
     runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(3)]
     with pytest.raises(common.SweepFailed, match=r"1 of 3 runs failed; .*-s1-.*\.log"):
-        common.run_in_processes(runs, figure2.make_config, 2, "test")
+        common.run_in_processes(runs, presets.make_config, 2, "test")
     [log] = tmp_path.glob("*.log")
     assert "-s1-" in log.name and "ran" in log.read_text()
 
@@ -3783,7 +3784,7 @@ def test_a_run_stopped_by_its_own_ctrl_c_stops_the_sweep_in_workers_and_in_one_p
     runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(5)]
     start = time.time()
     with pytest.raises(KeyboardInterrupt):
-        common.run_in_processes(runs, figure2.make_config, 2, "test")
+        common.run_in_processes(runs, presets.make_config, 2, "test")
     assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1"]
     assert time.time() - start < 25, "seed 1 was not passed the SIGINT"
     assert not list(tmp_path.glob("*.log"))               # stopped as asked: no failure
@@ -3799,7 +3800,7 @@ def test_a_run_stopped_by_its_own_ctrl_c_stops_the_sweep_in_workers_and_in_one_p
     sweep = {"cpu": dict(models={"attention": "attention"}, seed=[0, 1, 2, 3], seq_len=[16],
                          num_kv_pairs=[2], vocab_size=[64], d_model=[16])}
     with pytest.raises(KeyboardInterrupt):
-        common.run_sweep("own_ctrl_c", sweep, "cpu", figure2.make_config)
+        common.run_sweep("own_ctrl_c", sweep, "cpu", presets.make_config)
     assert trained == [0, 1]
     trained.clear()
     monkeypatch.setattr(train, "train", fake_train)
@@ -3823,7 +3824,7 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
                                                        dict(tiny, seed=[1], max_steps=[3000])]})
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("PYTHONPATH", "elsewhere")
-    submit = lambda: common.submit_sweep("tiny", cli.SWEEPS["tiny"], "cpu", figure2.make_config,
+    submit = lambda: common.submit_sweep("tiny", cli.SWEEPS["tiny"], "cpu", presets.make_config,
                                          cluster="local", time_min=10)
     short, long = submit()
     assert os.environ["PYTHONPATH"] == "elsewhere"           # given back after submitting
@@ -3845,11 +3846,11 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
     records = {r["seed"]: r for r in common.load_records(folder)}
     assert first.read_text() == before and records[1]["steps"] == 3000
     assert [r["step"] for r in records[1]["resumed"]] == [stopped_at] and stopped_at > 0
-    assert second == train.record_path(figure2.make_config(**dict(
+    assert second == train.record_path(presets.make_config(**dict(
         common.sweep_runs("tiny", cli.SWEEPS["tiny"], "cpu")[1][1])))
     assert not list(folder.glob("*.ckpt"))
     assert submit() == []                                              # nothing left
-    delayed = common.SweepJob(figure2.make_config).checkpoint({"seed": 1})   # Slurm's requeue
+    delayed = common.SweepJob(presets.make_config).checkpoint({"seed": 1})   # Slurm's requeue
     assert isinstance(delayed.function, common.SweepJob) and delayed.args == ({"seed": 1},)
 
 
@@ -3930,7 +3931,7 @@ def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
     still training (PENDING_SWEEPS) has some of them, not all."""
     for name, sweep in cli.SWEEPS.items():
         scale = "cpu" if "cpu" in sweep else "paper"               # a GPU's sweep: its own
-        want = {REPO / train.record_path(figure2.make_config(**overrides))
+        want = {REPO / train.record_path(presets.make_config(**overrides))
                 for _, overrides in common.sweep_runs(name, sweep, scale)}
         have = set((REPO / "results" / name).glob("*.json"))
         if name in PENDING_SWEEPS:
@@ -3951,13 +3952,13 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
         r = fake_record(3e-3, 0, 0.3 + 0.1 * i, 0.3, mixer=mixer, d_model=d, label=mixer,
                         seq_len=N, **base)
         train.save_record(r, train.record_path(train.Config(**r["config"])))
-    figures, save = [], train.save_figure
-    for module in (train, figure2):
-        monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or
+    drawn, save = [], train.save_figure
+    for module in (train, figures):
+        monkeypatch.setattr(module, "save_figure", lambda fig, path: drawn.append(fig) or
                             save(fig, path))
     _, paths = figure2.plot_fig2()
     assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True, True]
-    for fig in figures[:2]:                                  # accuracy, and against state
+    for fig in drawn[:2]:                                  # accuracy, and against state
         legend = fig.axes[-1].get_legend()                   # the last panel's
         assert [t.get_text() for t in legend.get_texts()] == ["attention", "h3"]
 
@@ -3987,16 +3988,16 @@ def drawn_figures(monkeypatch):
     """The figures the plotting functions draw, laid out as save_figure lays them out, kept
     instead of written (the list fills as they draw); those kept by an earlier test closed."""
     train.pyplot().close("all")
-    figures = []
+    drawn = []
 
     def keep(fig, path):
         fig.tight_layout()
         fig.canvas.draw()
-        figures.append(fig)
+        drawn.append(fig)
         return path
-    for module in (train, figure2, lm):       # train.py's plot_curves, the lab's figures
+    for module in (train, figure2, figures, lm):       # train.py's plot_curves, the lab's figures
         monkeypatch.setattr(module, "save_figure", keep)
-    return figures
+    return drawn
 
 
 def model_series(ax):
@@ -4080,40 +4081,40 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
     value a cross wherever Figure 2 has the cell; every title says the scale and the budget
     (the curves also the seed) and fits in its figure."""
     monkeypatch.chdir(REPO)
-    figures = drawn_figures(monkeypatch)
+    drawn = drawn_figures(monkeypatch)
     cli.CELL_SWEEPS[name][1](name)
-    accuracy, state, curves = figures
+    accuracy, state, curves = drawn
     for fig in (accuracy, state):
         assert not spots_shared(fig), spots_shared(fig)
         for ax in fig.axes:
             for label, color, _ in model_series(ax):
-                assert matplotlib.colors.same_color(color, train.model_color(label)), label
+                assert matplotlib.colors.same_color(color, figures.model_color(label)), label
             for bars in ax.containers:
                 if type(bars).__name__ == "BarContainer":
                     assert matplotlib.colors.same_color(bars.patches[0].get_facecolor(),
-                                                        train.model_color(bars.get_label()))
+                                                        figures.model_color(bars.get_label()))
     for ax in curves.axes:                   # a run's line, and its model in the legend
         legend = ax.get_legend()
         named = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
         for line in ax.lines:
             if not line.get_label().startswith("_") and "paper" not in line.get_label():
                 label = line.get_label().split(" N=")[0]
-                assert matplotlib.colors.same_color(line.get_color(), train.model_color(label))
+                assert matplotlib.colors.same_color(line.get_color(), figures.model_color(label))
                 assert label in named, label
                 assert matplotlib.colors.same_color(named[label].get_color(),
-                                                    train.model_color(label)), label
+                                                    figures.model_color(label)), label
     panels = {ax.get_title(): ax for ax in accuracy.axes if ax.get_title()}
     for panel, model, d in PAPER_CELLS[name]:
         ax = panels[panel]
         N = int(re.search(r"N = (\d+)", panel).group(1)) if "N = " in panel else 64
-        value = figure2.PAPER_FIG2[model][N][(64, 128, 256, 512).index(d)]
+        value = figures.PAPER_FIG2[model][N][(64, 128, 256, 512).index(d)]
         names = [t.get_text() for t in ax.get_xticklabels()]
         bars = any(type(c).__name__ == "BarContainer" for c in ax.containers)
         x = names.index(model) if bars else d
         assert has_point(crosses(ax), x, value), (panel, model, d, value)
     if not PAPER_CELLS[name]:
         assert not any(crosses(ax) for ax in accuracy.axes)
-    for fig in figures:
+    for fig in drawn:
         title = title_of(fig)
         assert "cpu scale" in title and "at most" in title and "steps of 128" in title, title
         assert not clipped_texts(fig), clipped_texts(fig)
@@ -4124,14 +4125,14 @@ def test_sweep_scale_names_the_grid_that_lists_every_record():
     """A figure's title names the scale whose grid lists the records: runs of the fig2 paper
     grid are "paper" (checked after the smaller cpu grid), of its cpu grid "cpu", a mix of
     the two or a run of neither ""."""
-    record = lambda scale, i: {"config": dataclasses.asdict(figure2.make_config(
+    record = lambda scale, i: {"config": dataclasses.asdict(presets.make_config(
         **common.sweep_runs("fig2", figure2.SWEEPS["fig2"], scale)[i][1]))}
     paper, cpu = [record("paper", i) for i in (0, -1)], [record("cpu", i) for i in (0, -1)]
     other = {"config": dataclasses.asdict(train.make_config(seq_len=48))}
-    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], paper) == "paper"
-    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], cpu) == "cpu"
-    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], paper[:1] + cpu[:1]) == ""
-    assert figure2.sweep_scale("fig2", figure2.SWEEPS["fig2"], cpu + [other]) == ""
+    assert figures.sweep_scale("fig2", figure2.SWEEPS["fig2"], paper) == "paper"
+    assert figures.sweep_scale("fig2", figure2.SWEEPS["fig2"], cpu) == "cpu"
+    assert figures.sweep_scale("fig2", figure2.SWEEPS["fig2"], paper[:1] + cpu[:1]) == ""
+    assert figures.sweep_scale("fig2", figure2.SWEEPS["fig2"], cpu + [other]) == ""
 
 
 def test_width_trend_is_a_permutation_test_of_the_correlation():
@@ -4160,7 +4161,7 @@ def test_width_trend_correlates_accuracy_with_log2_of_the_width():
 
 
 def test_figure2_preset_is_the_official_sweep():
-    c = figure2.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16, lr=1e-3)
+    c = presets.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16, lr=1e-3)
     assert c.mixer == ",".join(["h3:form=official:d_state=256:head_dim=2"] * 2)
     assert (c.batch_size, c.num_train, c.num_test, c.vocab_size) == (256, 100_000, 3_000, 8192)
     assert c.max_steps == 64 * 391 and c.eval_every == 391 and c.eval_probe == 0
@@ -4168,40 +4169,40 @@ def test_figure2_preset_is_the_official_sweep():
         0.999, 0.1, True, 0.0, 0)
     assert (c.schedule, c.shuffle, c.block, c.init, c.dropout, c.lr) == (
         "cosine_epochs", False, "identity_mlp", "gpt2", 0.1, 1e-3)
-    assert [figure2.figure2_batch_size(n) for n in (64, 128, 256, 512)] == [512, 512, 256, 128]
-    c = figure2.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
+    assert [presets.figure2_batch_size(n) for n in (64, 128, 256, 512)] == [512, 512, 256, 128]
+    c = presets.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
     assert c.mixer == ("base_conv:kernel_size=3:form=official,base_conv:form=official,"
                        "base_conv:kernel_size=3:form=official,base_conv:form=official")
     assert c.batch_size == 64 and c.max_steps == 64 * 196, "given keys win over the preset"
-    c = figure2.make_config(preset="figure2", mixer="rwkv")
+    c = presets.make_config(preset="figure2", mixer="rwkv")
     assert c.mixer == "rwkv:form=official:layer_idx=0,rwkv:form=official:layer_idx=1"
-    c = figure2.make_config(preset="figure2", mixer="mamba")
+    c = presets.make_config(preset="figure2", mixer="mamba")
     assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
     # configs.py: MHA with dropout 0.1 and 1 head; Based after a short BaseConv, feature_dim
     # 8 and 1 head
-    attention = train.LanguageModel(figure2.make_config(preset="figure2", mixer="attention"))
+    attention = train.LanguageModel(presets.make_config(preset="figure2", mixer="attention"))
     assert [(type(b.mixer).__name__, b.mixer.num_heads, b.mixer.dropout)
             for b in attention.blocks] == [("Attention", 1, 0.1)] * 2
-    c = figure2.make_config(preset="figure2", mixer="based")
+    c = presets.make_config(preset="figure2", mixer="based")
     assert c.mixer == "base_conv:kernel_size=3:form=official,based:feature_dim=8"
     based = train.LanguageModel(c).blocks[1].mixer
     assert (type(based).__name__, based.feature_dim, based.num_heads) == ("Based", 8, 1)
-    assert figure2.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
-    for name in figure2.FIGURE2_MIXERS:                  # every official model builds
-        c = figure2.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
+    assert presets.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
+    for name in presets.FIGURE2_MIXERS:                  # every official model builds
+        c = presets.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
         train.LanguageModel(c)
         assert train.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
     with pytest.raises(ValueError, match="preset='fig2'"):
-        figure2.make_config(preset="fig2")
+        presets.make_config(preset="fig2")
     with pytest.raises(ValueError, match="preset='figure2' is not allowed here: choose one of "
                        "cpu .*python -m experiments --preset=figure2"):
         train.make_config(preset="figure2")             # train.py knows only its own
-    hyena = figure2.make_config(**train.parse_arguments(["--preset=figure2", "--mixer=hyena"]))
+    hyena = presets.make_config(**train.parse_arguments(["--preset=figure2", "--mixer=hyena"]))
     assert hyena.mixer.startswith("hyena:form=official")
 
 
 # ----------------------------------------------------------------------------------------
-# experiments/figure2.py: Figure 2's presets, grid, paper-budget and learning-rate runs
+# experiments/figure2.py: Figure 2's grid, paper-budget and learning-rate runs
 
 def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_epoch(
         tmp_path, monkeypatch):
@@ -4212,7 +4213,7 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     monkeypatch.chdir(tmp_path)
     epoch = math.ceil(100_000 / 512)
     def record(folder, lr, valid, test, epochs, d=64, loss=1.0):
-        c = figure2.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
+        c = presets.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
                                 d_model=d, out_dir=f"results/{folder}", progress=False)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
                     "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
@@ -4244,7 +4245,7 @@ def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     def record(folder, preset, lr, valid, test, epochs, ended="budget_steps", mixer="base_conv",
                label="as plotted (8486daf)", loss=1.0):
-        c = figure2.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
+        c = presets.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
                                 out_dir=f"results/{folder}", progress=False)
         epoch = train.steps_per_epoch(c)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
@@ -4279,7 +4280,7 @@ def test_fig2_epochs_runs_the_rates_the_pilot_chose_on_validation():
     """FIG2_EPOCHS_LRS is pilot_choice of the committed pilot: every rate of Figure 2's four
     for every model and width, read off the validation split."""
     records = common.load_records(REPO / "results" / "fig2_pilot")
-    assert sorted({r["config"]["lr"] for r in records}) == list(figure2.PAPER_LRS)
+    assert sorted({r["config"]["lr"] for r in records}) == list(presets.PAPER_LRS)
     assert len(records) == 12 and figure2.FIG2_EPOCHS_LRS == figure2.pilot_choice(records)
 
 
@@ -4308,7 +4309,7 @@ def test_fig2_plotted_grid_is_figure2s_n64_column_as_its_launches_ran_it():
     sweep = figure2.SWEEPS["fig2_plotted_grid"]
     with pytest.raises(ValueError, match="scale='cpu' is not allowed"):
         common.sweep_runs("fig2_plotted_grid", sweep, "cpu")
-    configs = [figure2.make_config(**o)
+    configs = [presets.make_config(**o)
                for _, o in common.sweep_runs("fig2_plotted_grid", sweep, "paper")]
     lrs, widths = (1e-4, 4.64e-4, 2.15e-3, 1e-2), (64, 128, 256, 512)
     assert [(c.label, c.d_model, c.lr) for c in configs] == [
@@ -4318,7 +4319,7 @@ def test_fig2_plotted_grid_is_figure2s_n64_column_as_its_launches_ran_it():
         assert (c.preset, c.seq_len, c.num_kv_pairs, c.seed) == ("figure2_plotted", 64, 4, 0)
         assert (c.batch_size, c.max_steps) == ((256, 25_024) if c.label == "attention"
                                                else (1_024, 6_272))
-        assert figure2.figure2_value(c) == figure2.PAPER_FIG2[c.label][64][widths.index(c.d_model)]
+        assert figures.figure2_value(c) == figures.PAPER_FIG2[c.label][64][widths.index(c.d_model)]
     assert configs[0].mixer == figure2.PLOTTED_BASE_CONV["mixer"]
 
 
@@ -4330,7 +4331,7 @@ def test_fig2_plotted_grid_table_gives_the_validation_choice_and_the_figures_rul
     monkeypatch.chdir(tmp_path)
     for mixer, lr, valid, test in (("base_conv", 1e-2, 0.5, 0.6), ("base_conv", 2.15e-3, 0.4, 0.7),
                                    ("hyena", 1e-2, 0.3, 0.3)):
-        c = figure2.make_config(preset="figure2_plotted", mixer=mixer, label=mixer, lr=lr,
+        c = presets.make_config(preset="figure2_plotted", mixer=mixer, label=mixer, lr=lr,
                                 out_dir="results/fig2_plotted_grid", progress=False)
         train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
                            "history": [{"step": c.max_steps, "loss": 1.0, "valid_acc": valid,
@@ -4362,13 +4363,13 @@ def test_lr_figure_colours_a_panel_by_its_model_and_dodges_its_seeds(monkeypatch
     panel in the panel's model colour, no two seeds on one spot, the title says the scale
     and that the steps are at most, and counts no missing run."""
     monkeypatch.chdir(REPO)
-    figures = drawn_figures(monkeypatch)
+    drawn = drawn_figures(monkeypatch)
     figure2.plot_lr("fig2_lr")
-    fig, = figures
+    fig, = drawn
     for ax in fig.axes:
         if ax.get_title():
             lines = model_series(ax)
-            assert lines and all(matplotlib.colors.same_color(color, train.model_color(
+            assert lines and all(matplotlib.colors.same_color(color, figures.model_color(
                 ax.get_title())) for _, color, _ in lines), ax.get_title()
     assert not spots_shared(fig), spots_shared(fig)
     title = title_of(fig)
@@ -4381,20 +4382,20 @@ def test_epochs_figure_colours_each_run_by_its_model(monkeypatch):
     """fig2_epochs: each run in its model's colour (BaseConv at both widths BaseConv's, not
     another model's), Figure 2's value of each run's cell a dotted line in that colour."""
     monkeypatch.chdir(REPO)
-    figures = drawn_figures(monkeypatch)
+    drawn = drawn_figures(monkeypatch)
     figure2.plot_epochs("fig2_epochs")
-    ax, = figures[0].axes
+    ax, = drawn[0].axes
     runs = [line for line in ax.lines if line.get_marker() not in (None, "None", "")]
     assert len(runs) == 3
     for line in runs:
         label = line.get_label().split(",")[0]
-        assert matplotlib.colors.same_color(line.get_color(), train.model_color(label)), label
+        assert matplotlib.colors.same_color(line.get_color(), figures.model_color(label)), label
     dotted = {(round(line.get_ydata()[0], 2), matplotlib.colors.to_hex(line.get_color()))
               for line in ax.lines if line.get_linestyle() == ":"}
-    color = lambda m: matplotlib.colors.to_hex(train.model_color(m))
+    color = lambda m: matplotlib.colors.to_hex(figures.model_color(m))
     assert dotted == {(0.99, color("attention")), (0.69, color("base_conv")),
                       (0.92, color("base_conv"))}
-    assert not clipped_texts(figures[0]), clipped_texts(figures[0])
+    assert not clipped_texts(drawn[0]), clipped_texts(drawn[0])
 
 
 def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monkeypatch):
@@ -4405,25 +4406,25 @@ def test_main_figure_is_what_the_main_job_draws_from_its_records(tmp_path, monke
     values of its two cells (train.MAIN_FIGURE2, the lab's PAPER_FIG2 at N = d = 64)."""
     committed = {train.identity(train.Config(**r["config"])): r
                  for r in common.load_records(REPO / "results" / "main")}
-    assert train.MAIN_FIGURE2 == {label: figure2.PAPER_FIG2[label][64][0] for label in
+    assert train.MAIN_FIGURE2 == {label: figures.PAPER_FIG2[label][64][0] for label in
                                   train.MAIN_MODELS}
     monkeypatch.setattr(train, "train", lambda config: committed[train.identity(config)])
     monkeypatch.chdir(tmp_path)
     assert train.main([]) == 0
     job = tmp_path / "results" / "runs" / "main.png"
-    direct = figure2.curves_figure(list(committed.values()), str(tmp_path / "direct.png"),
+    direct = figures.curves_figure(list(committed.values()), str(tmp_path / "direct.png"),
                                    cli.SWEEPS["main"])
     assert job.read_bytes() == Path(direct).read_bytes()
     from matplotlib.testing.compare import compare_images
     assert compare_images(str(REPO / "results" / "main.png"), str(job), tol=2) is None
-    figures = drawn_figures(monkeypatch)
-    figure2.curves_figure(list(committed.values()), "main.png", cli.SWEEPS["main"])
-    title = title_of(figures[0])
+    drawn = drawn_figures(monkeypatch)
+    figures.curves_figure(list(committed.values()), "main.png", cli.SWEEPS["main"])
+    title = title_of(drawn[0])
     assert "main at cpu scale" in title and "at most 1,000 steps of 128" in title, title
     assert "seed 0" in title and "hollow" in title
-    paper = {round(line.get_ydata()[0], 2) for line in figures[0].axes[0].lines
+    paper = {round(line.get_ydata()[0], 2) for line in drawn[0].axes[0].lines
              if line.get_linestyle() == ":"}
-    assert paper == {figure2.PAPER_FIG2["attention"][64][0], figure2.PAPER_FIG2["base_conv"][64][0]}
+    assert paper == {figures.PAPER_FIG2["attention"][64][0], figures.PAPER_FIG2["base_conv"][64][0]}
 
 
 def test_figure2_plotted_preset_is_each_plotted_launch():
@@ -4448,7 +4449,7 @@ def test_figure2_plotted_preset_is_each_plotted_launch():
             ["h3:form=official:d_state=N:head_dim=2"] * 4))}
     for mixer, (n_layers, mlp, activation, batches, layers) in launches.items():
         for N, D, batch in zip((64, 128, 256, 512), (4, 8, 16, 64), batches):
-            c = figure2.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
+            c = presets.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
                                     num_kv_pairs=D, lr=1e-2)
             assert {k: getattr(c, k) for k in shared} == shared, mixer
             epoch = -(-100_000 // batch)
@@ -4456,11 +4457,11 @@ def test_figure2_plotted_preset_is_each_plotted_launch():
                 n_layers, mlp, activation, batch), (mixer, N)
             assert (c.max_steps, c.eval_every, c.lr) == (64 * epoch, epoch, 1e-2)
             assert c.mixer == layers.replace("d_state=N", f"d_state={N}")
-    assert figure2.make_config(preset="figure2_plotted", mixer="base_conv").max_steps == 6272
-    c = figure2.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
+    assert presets.make_config(preset="figure2_plotted", mixer="base_conv").max_steps == 6272
+    c = presets.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
     assert c.batch_size == 64 and c.max_steps == 64 * 391, "given keys win over the preset"
     with pytest.raises(ValueError, match="mixer='mamba' is not allowed with preset='figure2_pl"):
-        figure2.make_config(preset="figure2_plotted", mixer="mamba")
+        presets.make_config(preset="figure2_plotted", mixer="mamba")
     with pytest.raises(ValueError, match="mlp_activation='tanh' is not allowed with mlp=False"):
         train.make_config(mlp_activation="tanh")
     with pytest.raises(ValueError, match="mlp_activation='relu' is not allowed"):
@@ -4472,7 +4473,7 @@ def test_figure2_plotted_models_are_the_launches_transcription(mixer):
     """One forward of each plotted model in float64 against the launch's backbone written
     out (plotted_launch_backbone), norms perturbed; the model's own step agrees. Against
     HEAD's identity_mlp block the same weights give another output."""
-    c = figure2.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32, num_kv_pairs=2,
+    c = presets.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32, num_kv_pairs=2,
                             vocab_size=256, d_model=16)
     torch.manual_seed(0)
     model = train.LanguageModel(c).double().eval()
@@ -4565,15 +4566,15 @@ def test_a_mixer_of_yours_joins_the_frontier_beside_the_built_ins(tmp_path, monk
     assert all(s.replace(",", "").isdigit() for s in states.values())
     assert table(none) == (0, {"attention": states["attention"], "gla": states["gla"],
                                "NoState (yours)": "unknown (no state_size)"})
-    figures, save = [], train.save_figure
-    for module in (train, figure2):
-        monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig) or
+    drawn, save = [], train.save_figure
+    for module in (train, figures):
+        monkeypatch.setattr(module, "save_figure", lambda fig, path: drawn.append(fig) or
                             save(fig, path))
     for mixer, state_labels in ((mine, ["attention", "gla", "GLA (yours)"]),
                                 (none, ["attention", "gla"])):
-        figures.clear()
+        drawn.clear()
         assert cli.main(["--plot=frontier", mixer]) == 0
-        accuracy, state = figures[:2]
+        accuracy, state = drawn[:2]
         bars = [t.get_text() for t in accuracy.axes[0].get_xticklabels()]    # one cell: bars
         assert bars == ["attention", "gla", mixer.rpartition(":")[2] + " (yours)"]
         assert [t.get_text() for t in state.axes[-1].get_legend().get_texts()] == state_labels
@@ -4592,19 +4593,19 @@ def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
     of the models it has; lm_curves.png names Table 1's perplexities (off its token axis),
     and draws no curve without a validation split."""
     monkeypatch.chdir(REPO)
-    figures = drawn_figures(monkeypatch)
+    drawn = drawn_figures(monkeypatch)
     summary = json.loads((REPO / "results" / "lm.json").read_text())
     lm.plot_lm(summary["rows"], "lm.png", "800 steps")
     lm.plot_lm_curves(summary["rows"], summary["tokens_per_step"], "lm_curves.png",
                       "800 steps")
-    bars, curves = figures
+    bars, curves = drawn
     ax = bars.axes[0]
     labels = list(dict.fromkeys(r["label"] for r in summary["rows"]))
     patches = [p for p in ax.patches if p.get_width() > 0]
     assert len(patches) == 3 * len(labels)
     for i, p in enumerate(patches):
         name = lm.LM_LABELS.get(labels[i % len(labels)], labels[i % len(labels)])
-        assert matplotlib.colors.same_color(p.get_facecolor()[:3], train.model_color(name)[:3])
+        assert matplotlib.colors.same_color(p.get_facecolor()[:3], figures.model_color(name)[:3])
     for j, label in enumerate(labels):
         for i, value in enumerate(lm.PAPER_TABLE1.get(label, ())):
             assert has_point(crosses(ax), j + 0.27 * (i - 1), value), (label, i)
@@ -4612,11 +4613,11 @@ def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
     for label in labels:
         if label in lm.PAPER_TABLE1:
             assert f"{lm.PAPER_TABLE1[label][0]:.2f}" in legend, label
-    for fig in figures:
+    for fig in drawn:
         assert not clipped_texts(fig), clipped_texts(fig)
     lm.plot_lm_curves([dict(r, curve=[]) for r in summary["rows"]],    # no validation split
                       summary["tokens_per_step"], "lm_curves.png", "800 steps")
-    assert "no validation split" in figures[-1].axes[0].texts[0].get_text()
+    assert "no validation split" in drawn[-1].axes[0].texts[0].get_text()
 
 
 def test_default_corpus_is_the_standard_library_without_tests():

@@ -141,7 +141,7 @@ class Config:
 
 
 # name -> (its values for a config, the per-layer forms of the mixers it names): "cpu" is
-# the Config defaults; the Figure 2 presets are the lab's (experiments/figure2.py)
+# the Config defaults; the Figure 2 presets are the lab's (experiments/presets.py)
 PRESETS = {"cpu": (lambda config: {}, {})}
 
 
@@ -1070,27 +1070,15 @@ def seeds_text(records):
 
 
 # ----------------------------------------------------------------------------------------
-# tables and figures of records (the lab's too): Markdown as the README shows it (a test
-# compares), one colour per model
+# tables and figures of records: Markdown as the README shows it (a test compares), one
+# colour per model; the lab draws its own with these (experiments/figures.py)
 
-# one colour per model across every figure; a label not listed gets one from its name
-MODEL_COLORS = {"attention": 0, "base_conv": 2, "BaseConv": 2, "h3": 4, "H3": 4, "hyena": 6,
-                "Hyena": 6, "rwkv": 8, "RWKV": 8, "retnet": 10, "based": 12, "mamba": 14,
-                "sliding window 8": 16, "sliding window 32": 18, "blocked 32": 1,
-                "programmatic filters": 3, "autocorrelation filters": 5,
-                "+ programmatic selection": 7, "+ learned selection": 9,
-                "+ random, as many rows as programmatic": 11, "+ random, learned budget": 13,
-                "attention + short conv": 15,
-                # tab20b after tab20: one hue each for the mixers since the paper
-                "gla": 20, "mamba2": 24, "deltanet": 28, "gated_deltanet": 32, "rwkv7": 36}
-
-
-def model_color(label):
-    """The colour of a model (MODEL_COLORS: 0-19 tab20, 20-39 tab20b), the same in every
-    figure; a label not listed takes one of the colours no listed model has, by its name."""
+def model_color(label, colors):
+    """The colour of a model, the same in every figure: colors[label] (0-19 tab20, 20-39
+    tab20b); a label not in `colors` takes one of the colours none of them has, by its name."""
     import matplotlib
-    spare = sorted(set(range(40)) - set(MODEL_COLORS.values()))
-    index = MODEL_COLORS.get(label, spare[zlib.crc32(label.encode()) % len(spare)])
+    spare = sorted(set(range(40)) - set(colors.values()))
+    index = colors.get(label, spare[zlib.crc32(label.encode()) % len(spare)])
     return matplotlib.colormaps["tab20" if index < 20 else "tab20b"](index % 20)
 
 
@@ -1178,11 +1166,11 @@ def runs_table(records, order=None, curves=False):
 CURVE_STYLES = ("-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)))   # dotted (":") is the paper's
 
 
-def plot_curves(records, path, scale, reference, name):
+def plot_curves(records, path, scale, reference, name, colors):
     """Test accuracy against examples seen, one line per run (a probe's score hollow), one
-    colour per model (model_color), one line style and marker per cell (N, D, d); the
-    paper's value of a run's cell, reference(config) (None: none), dotted in its colour. The
-    title names the runs (`name`), their `scale`, budget and seeds."""
+    colour per model (model_color of `colors`), one line style and marker per cell (N, D,
+    d); the paper's value of a run's cell, reference(config) (None: none), dotted in its
+    colour. The title names the runs (`name`), their `scale`, budget and seeds."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
@@ -1195,7 +1183,7 @@ def plot_curves(records, path, scale, reference, name):
     papers = {}
     for r in sorted(records, key=lambda r: (model(r["config"]), shape(r["config"]))):
         c, h = r["config"], r["history"]
-        label, color = model(c), model_color(model(c))
+        label, color = model(c), model_color(model(c), colors)
         x = [e["step"] * c["batch_size"] for e in h]
         ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color, ms=3,
                 label="{} N={} D={} d={}".format(label, *shape(c)), **style(shape(c)))
@@ -1206,7 +1194,8 @@ def plot_curves(records, path, scale, reference, name):
         paper = reference(Config(**c))
         if paper is not None:
             papers[label, shape(c)] = paper, color
-    handles = [Line2D([], [], color=model_color(label), lw=2, label=label) for label in labels]
+    handles = [Line2D([], [], color=model_color(label, colors), lw=2, label=label)
+               for label in labels]
     handles += [Line2D([], [], color="0.3", ms=3, label="N={} D={} d={}".format(*s), **style(s))
                 for s in shapes]
     for (label, (N, D, d)), (paper, color) in papers.items():
@@ -1235,8 +1224,10 @@ def plot_curves(records, path, scale, reference, name):
 # At one small width, d = 64, attention solves MQAR (N = 64, D = 4) and BaseConv, the paper
 # form of Figure 2's stack (a short then a long convolution), does not, each for at most
 # 1,000 steps of 128: the lab's sweep "main" (experiments/) is these two runs.
-MAIN_MODELS = {"attention": "attention", "base_conv": "base_conv:kernel_size=3,base_conv"}
+BASE_CONV = "base_conv:kernel_size=3,base_conv"
+MAIN_MODELS = {"attention": "attention", "base_conv": BASE_CONV}
 MAIN_STEPS = 1000
+MAIN_COLORS = {"attention": 0, "base_conv": 2}      # model_color's; the lab's figures extend it
 # Figure 2's accuracy at N = 64, d = 64 for the two, read off the plot (± 0.03), dotted
 MAIN_FIGURE2 = {"attention": 0.99, "base_conv": 0.69}
 PAPER_FIG2_SOURCE = "the paper's Figure 2 (c = 8192, its own budget; read off the plot, ± 0.03)"
@@ -1253,7 +1244,8 @@ def main_job(folder="results/runs/main"):
                                          max_steps=MAIN_STEPS)))
     print(runs_table(records, {label: i for i, label in enumerate(MAIN_MODELS)}))
     reference = lambda c: MAIN_FIGURE2.get(c.label) if (c.seq_len, c.d_model) == (64, 64) else None
-    path = plot_curves(records, folder + ".png", "cpu scale", reference, Path(folder).name)
+    path = plot_curves(records, folder + ".png", "cpu scale", reference, Path(folder).name,
+                       MAIN_COLORS)
     print(f"wrote {path}")
     return records
 

@@ -2,15 +2,17 @@
 2023) on the model and loop of train.py.
 
 What train.py runs once, the lab runs as the paper does, one file per experiment:
-figure2.py (Figure 2: the official configuration as presets, its grid and sweeps, and its
-runs at the paper's budget), figure6.py (appendix F.1), hybrids.py (Section 5), f2.py
-(appendix F.2), frontier.py (the recall frontier), lm.py (Section 3.1 on real text, and
-appendix G), official.py (the official code's forms of five mixers), bench.py (the
-benchmarks); common.py has what they share (sweeps and the processes and Slurm jobs that
-run them, records, statistics). This file gathers their sweeps (SWEEPS) and tables and
-hands each command to its function. The lab imports train.py, mixers.py and mqar.py; they
-never import it (the mixer option form=official loads official.py by its name, as any
-mixer of your own is loaded).
+figure2.py (Figure 2: its sweeps and its runs at the paper's budget), figure6.py (appendix
+F.1), hybrids.py (Section 5), f2.py (appendix F.2), frontier.py (the recall frontier), lm.py
+(Section 3.1 on real text, and appendix G), official.py (the official code's forms of five
+mixers), bench.py (the benchmarks); what they share is in three: presets.py (the official
+Figure 2 configuration as presets, make_config, the official grid), figures.py (the tables
+and figures in Figure 2's layout, one colour per model, Figure 2's values read off the
+plot) and common.py (sweeps and the processes and Slurm jobs that run them, records,
+statistics). This file gathers their sweeps (SWEEPS) and tables and hands each command
+to its function. The lab imports train.py, mixers.py and mqar.py; they never import it
+(the mixer option form=official loads official.py by its name, as any mixer of your own
+is loaded).
 
 Usage (python -m experiments ...; experiments/README.md says what each experiment shows):
   --preset=figure2 --mixer=base_conv [--key=value ...]   one run with a preset's settings
@@ -54,18 +56,19 @@ from experiments.common import (SweepFailed, load_records, model_order, run_swee
                                 submit_sweep, trend_table)
 from experiments import f2, figure2, figure6, frontier, hybrids
 from experiments.f2 import f2_table, plot_f2
-from experiments.figure2 import (BASE_CONV, FOLDER_TABLES, PRESETS, curves_figure, fig2_table,
-                                 make_config, plot_epochs, plot_fig2, plot_lr, plot_plotted,
-                                 plotted_grid_table)
+from experiments.figure2 import (FOLDER_TABLES, fig2_table, plot_epochs, plot_fig2, plot_lr,
+                                 plot_plotted, plotted_grid_table)
+from experiments.figures import curves_figure
 from experiments.figure6 import fig6_table, plot_fig6
 from experiments.frontier import (YOURS, frontier_table, plot_frontier, plot_yours, yours_sweep,
                                   yours_table)
 from experiments.hybrids import hybrids_table, plot_hybrids
 from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_data, lm_outputs,
                             lm_tables, plot_appendix_g, run_lm_experiment)
+from experiments.presets import PRESETS, make_config
 from mixers import check_choice
-from train import (MAIN_MODELS, MAIN_STEPS, Config, _parse_value, _positive_flag, main_job,
-                   parse_arguments, run_command, runs_table)
+from train import (BASE_CONV, MAIN_MODELS, MAIN_STEPS, Config, _parse_value, _positive_flag,
+                   main_job, parse_arguments, run_command, runs_table)
 
 
 # ----------------------------------------------------------------------------------------
@@ -95,7 +98,7 @@ SWEEPS = {
     "main": {"cpu": dict(models=MAIN_MODELS, max_steps=[MAIN_STEPS])},
     "every_mixer": {"cpu": dict(models=EVERY_MIXER_MODELS, max_steps=[1000])},
     **frontier.SWEEPS, **figure2.SWEEPS, **figure6.SWEEPS, **hybrids.SWEEPS, **f2.SWEEPS}
-# the sweeps tabled and drawn by their cells (figure2.cells_table, plot_sweep): the table
+# the sweeps tabled and drawn by their cells (figures.cells_table, plot_sweep): the table
 # and the figures of each, from its experiment's file
 CELL_SWEEPS = {"fig2": (fig2_table, plot_fig2), "fig6": (fig6_table, plot_fig6),
                "hybrids": (hybrids_table, plot_hybrids), "f2": (f2_table, plot_f2),

@@ -3,9 +3,10 @@ that runs them, in this process, in worker processes or as Slurm jobs (submitit)
 records the runs write, and the statistics of a sweep's cells.
 
 The experiments are one file each (figure2.py, figure6.py, hybrids.py, f2.py, frontier.py,
-lm.py, bench.py) and cli.py is the command line that gathers them. This file imports
-train.py, mixers.py and mqar.py and none of those: an experiment hands it its sweep (its
-grids by scale) and the lab's make_config (figure2.make_config, which knows the presets).
+lm.py, bench.py), presets.py and figures.py hold the presets and the tables and figures they
+share, and cli.py is the command line that gathers them. This file imports train.py,
+mixers.py and mqar.py and none of those: an experiment hands it its sweep (its grids by
+scale) and the lab's make_config (presets.make_config, which knows the presets).
 """
 import dataclasses
 import itertools
@@ -73,7 +74,7 @@ def run_sweep(name, sweep, scale, make_config, dry_run=False, resume=True, worke
     """Run every run of sweep `name` (its grids by scale: `sweep`) at `scale` that has no
     finished record yet (a killed sweep resumes where it stopped, each unfinished run from its
     checkpoint; resume=False trains the finished runs again too), each run's Config from
-    `make_config` (figure2.make_config: the lab's presets), with a bar over runs: in this
+    `make_config` (presets.make_config: the lab's presets), with a bar over runs: in this
     process, or in `workers` processes at once (run_in_processes); with dry_run, print one
     command line per run instead."""
     runs = sweep_runs(name, sweep, scale)

@@ -7,7 +7,9 @@ Rerun (python -m experiments ...):
   --plot=f2                                  results/f2.png, f2_state.png, f2_curves.png
 experiments/README.md ("Appendix F.2 at cpu scale") says what it shows.
 """
-from experiments.figure2 import BASE_CONV, PAPER_GRID, cells_table, plot_sweep
+from experiments.figures import cells_table, plot_sweep
+from experiments.presets import PAPER_GRID
+from train import BASE_CONV
 
 F2_MODELS = {"retnet": "retnet", "sliding window 32": "sliding_window:window=33",
              "blocked 32": "blocked_attention:block_size=32",

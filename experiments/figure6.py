@@ -12,7 +12,8 @@ import inspect
 
 import torch
 
-from experiments.figure2 import PAPER_LRS, cells_table, plot_sweep
+from experiments.figures import cells_table, plot_sweep
+from experiments.presets import PAPER_LRS
 from mixers import mixer_class
 from mqar import query_key_positions
 from train import Config, mqar_split

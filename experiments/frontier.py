@@ -17,7 +17,8 @@ Rerun (python -m experiments ...):
 experiments/README.md ("The recall mixers since Zoology") says what it shows.
 """
 from experiments.common import load_records, sweep_runs
-from experiments.figure2 import PAPER_GRID, cells_table, make_config, plot_sweep, state_size
+from experiments.figures import cells_table, plot_sweep, state_size
+from experiments.presets import PAPER_GRID, make_config
 from mixers import is_outside, load_outside, split_mixer
 from train import Config
 
@@ -106,7 +107,7 @@ def yours_records(mixer, name="frontier"):
 
 
 def state_column(cell, runs):
-    """The recurrent state of a cell's model (figure2.state_size), or "unknown" where a
+    """The recurrent state of a cell's model (figures.state_size), or "unknown" where a
     layer has no state_size."""
     size = state_size(Config(**runs[0]["config"]))
     return ["unknown (no state_size)" if size is None else f"{size:,}"]

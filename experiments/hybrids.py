@@ -11,7 +11,10 @@ experiments/README.md ("Section 5 at cpu scale") says what it shows.
 """
 import math
 
-from experiments.figure2 import BASE_CONV, PAPER_LRS, cells_table, plot_sweep
+from experiments.figures import cells_table, plot_sweep
+from experiments.presets import PAPER_LRS
+from train import BASE_CONV
+
 
 def hybrid_models(N, D):
     """Section 5's models at (N, D): both pure ones, and a short BaseConv then selective

@@ -34,11 +34,12 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from experiments.common import strict_json
-from experiments.figure2 import BASE_CONV, make_config
+from experiments.figures import model_color
+from experiments.presets import make_config
 from mixers import check_positive
 from mqar import (ar_gap_share, ar_hits, bigram_counts, check_int, sample_distinct,
                   scaled_threshold, sliced_perplexity)
-from train import (LanguageModel, finished_record, markdown, model_color, pyplot, record_path,
+from train import (BASE_CONV, LanguageModel, finished_record, markdown, pyplot, record_path,
                    save_figure, train, wrapped)
 
 
