@@ -3337,16 +3337,22 @@ def test_readme_python_snippets_run():
         exec(compile(code, "README.md", "exec"), {})
 
 
+def readme_section(name, heading):
+    """The section of README `name` under `## heading`, up to the next section."""
+    text = (REPO / name).read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
 def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     """The README's "Bring your own mixer": its file, written as my_gla.py, and its two
-    commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check prints the
-    README's table (a difference below 1e-6 may print as another small number on another
-    machine) and exits 0; the training command writes a record that names the file and its
-    digest; the frontier command (a shell block) lists, by --dry_run, one run of yours per
-    cell of the frontier sweep and no built-in's."""
+    commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check
+    prints the README's table (a difference below 1e-6 may print as another small number on
+    another machine) and exits 0; the training command writes a record that names the file
+    and its digest."""
     (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Bring your own mixer"):text.index("## Contents")]
+    section = readme_section("README.md", "Bring your own mixer")
     check, run = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
                   for line in block.splitlines()]
     shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
@@ -3366,8 +3372,17 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
     assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
     assert record["steps"] == 50
-    # the frontier commands (a shell block: the sweep takes too long to run here): the sweep's
-    # runs, listed by --dry_run in place of --workers, are yours alone, one per frontier cell
+
+
+def test_lab_readme_frontier_commands_train_your_mixer_alone(tmp_path):
+    """The lab README's "A mixer of your own" puts the README's my_gla.py on the recall
+    frontier with two commands (a shell block: the sweep takes too long to run here): the
+    plot command names the frontier and the mixer, and the sweep's runs, listed by --dry_run
+    in place of --workers, are yours alone, one per cell of the frontier sweep, in the
+    frontier's stack and folder."""
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
+    section = readme_section("experiments/README.md", "A mixer of your own")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     sweep, plot = [line for block in re.findall(r"```shell\n(.*?)```", section, re.S)
                    for line in block.splitlines()]
     assert shlex.split(plot)[3:] == ["--plot=frontier", "--mixer=my_gla.py:GLA"]
