@@ -3345,6 +3345,27 @@ def readme_section(name, heading):
     return text[start:end if end > 0 else len(text)]
 
 
+def test_readme_file_sizes_are_their_line_counts():
+    """The README's Files table gives each file's length as "`path` (~N lines)", and each is
+    its count by `wc -l` to within 10%, so that the promise cannot drift. The five Python files
+    of the reference are all given; a file of the lab is counted where the lab is here (the six
+    files' tests also pass in a folder without it)."""
+    stated = re.findall(r"`([\w./]+)` \(~([\d,]+) lines\)", readme_section("README.md", "Files"))
+    assert {"mqar.py", "mixers.py", "train.py", "theory.py", "test_all.py"} <= dict(stated).keys()
+    off = []
+    for path, lines in stated:
+        if path.startswith("experiments/") and not (REPO / "experiments").is_dir():
+            continue
+        promised = int(lines.replace(",", ""))
+        if not (REPO / path).is_file():
+            off.append(f"{path}: ~{promised:,} lines in the README, and no such file")
+            continue
+        counted = (REPO / path).read_bytes().count(b"\n")
+        if abs(counted - promised) > promised / 10:
+            off.append(f"{path}: ~{promised:,} lines in the README, {counted:,} by wc -l")
+    assert not off, off
+
+
 def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     """The README's "Bring your own mixer": its file, written as my_gla.py, and its two
     commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check
