@@ -3338,16 +3338,43 @@ def test_readme_python_snippets_run():
         exec(compile(code, "README.md", "exec"), {})
 
 
+def readme_section(name, heading):
+    """The section of README `name` under `## heading`, up to the next section."""
+    text = (REPO / name).read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else len(text)]
+
+
+def test_readme_file_sizes_are_their_line_counts():
+    """The README's Files table gives each file's length as "`path` (~N lines)", and each is
+    its count by `wc -l` to within 10%, so that the promise cannot drift. The five Python files
+    of the reference are all given; a file of the lab is counted where the lab is here (the six
+    files' tests also pass in a folder without it)."""
+    stated = re.findall(r"`([\w./]+)` \(~([\d,]+) lines\)", readme_section("README.md", "Files"))
+    assert {"mqar.py", "mixers.py", "train.py", "theory.py", "test_all.py"} <= dict(stated).keys()
+    off = []
+    for path, lines in stated:
+        if path.startswith("experiments/") and not (REPO / "experiments").is_dir():
+            continue
+        promised = int(lines.replace(",", ""))
+        if not (REPO / path).is_file():
+            off.append(f"{path}: ~{promised:,} lines in the README, and no such file")
+            continue
+        counted = (REPO / path).read_bytes().count(b"\n")
+        if abs(counted - promised) > promised / 10:
+            off.append(f"{path}: ~{promised:,} lines in the README, {counted:,} by wc -l")
+    assert not off, off
+
+
 def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     """The README's "Bring your own mixer": its file, written as my_gla.py, and its two
-    commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check prints the
-    README's table (a difference below 1e-6 may print as another small number on another
-    machine) and exits 0; the training command writes a record that names the file and its
-    digest; the frontier command (a shell block) lists, by --dry_run, one run of yours per
-    cell of the frontier sweep and no built-in's."""
+    commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check
+    prints the README's table (a difference below 1e-6 may print as another small number on
+    another machine) and exits 0; the training command writes a record that names the file
+    and its digest."""
     (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Bring your own mixer"):text.index("## Contents")]
+    section = readme_section("README.md", "Bring your own mixer")
     check, run = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
                   for line in block.splitlines()]
     shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
@@ -3367,8 +3394,17 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
     assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
     assert record["steps"] == 50
-    # the frontier commands (a shell block: the sweep takes too long to run here): the sweep's
-    # runs, listed by --dry_run in place of --workers, are yours alone, one per frontier cell
+
+
+def test_lab_readme_frontier_commands_train_your_mixer_alone(tmp_path):
+    """The lab README's "A mixer of your own" puts the README's my_gla.py on the recall
+    frontier with two commands (a shell block: the sweep takes too long to run here): the
+    plot command names the frontier and the mixer, and the sweep's runs, listed by --dry_run
+    in place of --workers, are yours alone, one per cell of the frontier sweep, in the
+    frontier's stack and folder."""
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
+    section = readme_section("experiments/README.md", "A mixer of your own")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     sweep, plot = [line for block in re.findall(r"```shell\n(.*?)```", section, re.S)
                    for line in block.splitlines()]
     assert shlex.split(plot)[3:] == ["--plot=frontier", "--mixer=my_gla.py:GLA"]
