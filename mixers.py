@@ -43,9 +43,9 @@ d88d6f5) trained something else for a figure, a class of its own computes that, 
 experiments/official.py (OfficialBaseConv, OfficialHyena, OfficialH3, OfficialRWKV,
 OfficialSelectiveAttention), each docstring naming the file and each difference. The mixer
 option form=official (build_mixer(name, d_model, seq_len, form="official")) loads the one
-OFFICIAL_FORMS names, as a mixer of your own is loaded; `--preset=figure2` assembles the
-forms Figure 2 used. Under each paper form's heading, one line says what to copy to use it
-elsewhere.
+OFFICIAL_FORMS names, as a mixer of your own is loaded; `python -m experiments
+--preset=figure2` assembles the forms Figure 2 used. Under each paper form's heading, one
+line says what to copy to use it elsewhere.
 
 The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, and the
 official forms alike):
@@ -3016,17 +3016,12 @@ def check_command(entry, d_model=64, seq_len=64):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true",
-                        help="moved: python -m experiments --bench=mixers [--threads=COUNT]")
     parser.add_argument("--check", metavar="MIXER",
                         help="check the mixer contract on MIXER: path/to/file.py:Class, "
                              "package.module:Class or a name of MIXERS, with :key=value options")
     parser.add_argument("--d_model", type=int, default=64, help="d of --check (default 64)")
     parser.add_argument("--seq_len", type=int, default=64, help="T of --check (default 64)")
     args = parser.parse_args()
-    if args.bench:
-        parser.error("the benchmark is the lab's now: python -m experiments --bench=mixers "
-                     "[--threads=COUNT]")
     try:
         for key in ("d_model", "seq_len"):
             check_positive(key, getattr(args, key))

@@ -175,7 +175,8 @@ def _fill_avoiding(rng, shape, vocab_size, sorted_avoid):
 
 def multiquery_ar_per_example(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4,
                               power_a=0.01, seed=0):
-    """The official algorithm one example at a time: the baseline of `--bench`.
+    """The official algorithm one example at a time: the baseline of the lab's
+    `python -m experiments --bench=mqar`.
 
     Same layout and distribution as `multiquery_ar` (filler 0), drawn the way the official
     code draws each row: numpy's legacy `choice(..., replace=False)` per example (here on a
@@ -326,13 +327,8 @@ def format_example(inputs, labels):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true",
-                        help="moved: python -m experiments --bench=mqar")
-    if parser.parse_args().bench:
-        parser.error("the benchmark is the lab's now: python -m experiments --bench=mqar")
-    else:
-        x, y = multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4, seed=0)
-        print("multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4): "
-              "keys, values, then each key queried once; its label is its value\n")
-        print(format_example(x[0], y[0]))
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
+    x, y = multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4, seed=0)
+    print("multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4): "
+          "keys, values, then each key queried once; its label is its value\n")
+    print(format_example(x[0], y[0]))

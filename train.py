@@ -61,7 +61,8 @@ from mqar import IGNORE, multiquery_ar
 
 @dataclasses.dataclass
 class Config:
-    # model (Figure 2; `--preset=figure2` sets the official configuration)
+    # model (Figure 2; the lab's `python -m experiments --preset=figure2` sets the official
+    # configuration)
     mixer: str = "attention"          # a key of mixers.MIXERS, a mixer of your own
                                       # (path/to/file.py:Class), or one per layer: parse_layers
     mixer_source: str = ""            # filled in for a mixer of your own (check_outside_mixers)
@@ -157,8 +158,7 @@ def make_config(preset="cpu", presets=None, **overrides):
             raise ValueError(f"unknown key --{key}{hint} (keys: {', '.join(fields)})")
     if preset not in presets:
         raise ValueError(f"preset={preset!r} is not allowed here: choose one of "
-                         f"{', '.join(presets)} (the Figure 2 presets are the lab's: python -m "
-                         f"experiments --preset={preset} ...)")
+                         f"{', '.join(presets)}")
     config = Config(preset=preset, **overrides)
     values, layer_forms = presets[preset]
     for key, value in values(config).items():
@@ -1261,11 +1261,6 @@ def main_job(folder="results/runs/main"):
 # ----------------------------------------------------------------------------------------
 # the command line: the main job, one run, or COUNT seeds of it
 
-# the lab's commands (experiments/), which train.py names instead of running
-LAB_FLAGS = ("--sweep", "--scale", "--dry_run", "--workers", "--launcher", "--plot", "--table",
-             "--lm", "--ar_threshold", "--hf", "--samples", "--bench")
-
-
 def main(argv):
     """The command line: the main job (no arguments), one run (--key=value ...), or
     --seeds=COUNT runs. Returns the exit status: 2 for a bad argument, 130 for Ctrl-C."""
@@ -1275,12 +1270,6 @@ def main(argv):
             print(f"  --{f.name}={getattr(Config(), f.name)}")
         return 0
     try:
-        lab = [a for a in argv if a.split("=", 1)[0] in LAB_FLAGS or
-               a.startswith("--preset=") and a != "--preset=cpu"]
-        if lab:
-            raise ValueError(f"{lab[0]} is not allowed: the paper's experiments, sweeps, tables, "
-                             "figures and presets are the lab's, run it as python -m "
-                             "experiments " + " ".join(argv))
         if not argv:
             main_job()
             return 0

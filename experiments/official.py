@@ -9,8 +9,8 @@ A model reaches them as it reaches any mixer outside mixers.py (mixers.load_outs
 mixer option form=official (`--mixer=base_conv:form=official`, and the per-layer forms of
 `--preset=figure2`) names mixers.OFFICIAL_FORMS[name], "experiments.official:OfficialX",
 which mixers.py loads by that name when a run asks for it; mixers.py does not import this
-module. A record names the mixer as it did when these classes lived in mixers.py
-(base_conv:form=official), so every record keeps its name.
+module. A record names the mixer by its name and form (base_conv:form=official), not by
+the module that holds its class.
 
 Each class keeps mixers.py's interface and contract (forward, step, state_size; mixers.py's
 docstring); its "To copy:" line names what to copy from here and from mixers.py.
