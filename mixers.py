@@ -2712,6 +2712,15 @@ def split_mixer(entry):
     return name, options
 
 
+def mixer_setting(layers):
+    """One (name, options) per layer as a `mixer` setting, the inverse of reading it (entries
+    joined by commas, each split_mixer's grammar; train.parse_layers):
+    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
+    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
+    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
+                    for name, options in layers)
+
+
 def option_value(text):
     """A mixer option's value from its text: int, float, true/false/none, or the text."""
     for kind in (int, float):

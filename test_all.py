@@ -611,7 +611,7 @@ def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeyp
     setting = "attention,my/layers.py:Shift:shift=2"
     layers = train.parse_layers(setting, 2)
     assert layers == [("attention", {}), ("my/layers.py:Shift", {"shift": 2})]
-    assert train.mixer_setting(layers) == setting
+    assert mixers.mixer_setting(layers) == setting
     model = train.LanguageModel(small_config(mixer=setting, d_model=16))
     assert type(model.blocks[1].mixer).__name__ == "Shift" and model.blocks[1].mixer.shift == 2
     for entry, match in [("my/layers.py:Shift:width=2", "option 'width=2' of my/layers.py:Shift "
@@ -4199,7 +4199,7 @@ def test_figure2_preset_is_the_official_sweep():
     for name in figure2.FIGURE2_MIXERS:                  # every official model builds
         c = figure2.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
         train.LanguageModel(c)
-        assert train.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
+        assert mixers.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
     with pytest.raises(ValueError, match="preset='fig2'"):
         figure2.make_config(preset="fig2")
     with pytest.raises(ValueError, match="preset='figure2' is not allowed here: choose one of "

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mixers import (build_mixer, check_choice, check_mixer, is_outside, load_outside, mixer_class,
-                    mixer_fact, parse_mixer, split_mixer)
+                    mixer_fact, mixer_setting, parse_mixer, split_mixer)
 from mqar import IGNORE, multiquery_ar
 
 
@@ -211,14 +211,6 @@ def parse_layers(mixer, n_layers):
                          "give one mixer for every layer, or exactly n_layers of them")
     layers = [parse_mixer(entry) for entry in entries]
     return layers * n_layers if len(layers) == 1 else layers
-
-
-def mixer_setting(layers):
-    """One (name, options) per layer as a `mixer` setting, the inverse of parse_layers:
-    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
-    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
-    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
-                    for name, options in layers)
 
 
 # the checks of the mixer contract (mixers.check_mixer) that a mixer of your own passes

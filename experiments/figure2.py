@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 
 from experiments.common import cells, load_records, model_order, sweep_runs
+from mixers import mixer_setting
 from train import (ENDED, PAPER_FIG2_SOURCE, Config, LanguageModel, acc_text, budget_text,
-                   identity, markdown, mixer_setting, model_color, plot_curves, pyplot,
+                   identity, markdown, model_color, plot_curves, pyplot,
                    save_figure, seeds_text, steps_per_epoch, wrapped)
 from train import PRESETS as TRAIN_PRESETS, make_config as train_make_config
 
