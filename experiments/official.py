@@ -111,7 +111,7 @@ class OfficialHyena(Mixer):
     so with a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
     convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
     bias ~ N(0, 1) per channel and h the official filter (OfficialImplicitFilter). Its
-    "order 2" counts the gates; Algorithm 3's L counts convolutions: only order=2.
+    "order 2" counts the gates; Algorithm 3's order counts convolutions: only order=2.
     `step`'s state: min(t, K_short-1)·3·d + min(t, seq_len-1)·d numbers.
     To copy: this class, hyena_official_operator, OfficialImplicitFilter (with ImplicitFilter,
     positional_features, exponential_decay and OFFICIAL_FREQUENCIES), ExplicitFilter,
