@@ -3069,12 +3069,12 @@ def test_baseconv_matches_the_formula_written_out(Np, dp, cyclic):
 
 @pytest.mark.parametrize("Np,dp", SHAPES)
 def test_projection_convolution_gate(Np, dp):
-    u, W, h, F = rand(3, Np, dp, seed=1), rand(dp, dp, seed=2), rand(dp, Np, seed=3), \
+    u, W, h, gates = rand(3, Np, dp, seed=1), rand(dp, dp, seed=2), rand(dp, Np, seed=3), \
         rand(Np, dp, seed=4)
     assert torch.allclose(th.baseconv_stack(u, th.projection(W, Np)), u @ W, atol=1e-10)
     ref = th.conv(u.mT, h, impl="poly").mT                  # each channel's polynomial product
     assert torch.allclose(th.baseconv_stack(u, th.convolution(h)), ref, atol=1e-10)
-    assert torch.allclose(th.baseconv_stack(u, th.gate(F)), F * u, atol=1e-12)
+    assert torch.allclose(th.baseconv_stack(u, th.gate(gates)), gates * u, atol=1e-12)
     assert torch.allclose(th.baseconv_stack(u, th.identity(Np, dp)), u, atol=1e-12)
 
 
