@@ -1080,13 +1080,13 @@ def check_thm_4_4(seed=0, sizes=((16, 2, 32), (32, 4, 64), (64, 8, 128)),
 
 def mqar_input_dependent_layers(N, c, distances):
     """Thm 4.5: the BaseConv whose filters are chosen from the input (the distances), on
-    one-hot tokens. Group s has c channels Q_s and c channels V_s;
+    one-hot tokens. Group s has c channels A_s and c channels V_s;
     d' = 2 c num_lags (num_lags = len(distances), Thm 4.5's t), N' = N, L = 4.
-      1. projection:  Q_s <- u, V_s <- u
-      2. shift:       Q_s <- u ⊙ shift_down(u, s)   (filter X^s)
+      1. projection:  A_s <- u, V_s <- u
+      2. shift:       A_s <- u ⊙ shift_down(u, s)   (filter X^s)
                       V_s <- shift_down(u, s - 1)   (filter X^{s-1}, the value after the key)
-      3. broadcast:   V_s <- match_s ⊙ V_s with match_s[i] = sum_a Q_s^a[i] = [x_i = x_{i-s}]
-                      (W sums the Q_s channels into every V_s channel)
+      3. broadcast:   V_s <- match_s ⊙ V_s with match_s[i] = sum_a A_s^a[i] = [x_i = x_{i-s}]
+                      (W sums the A_s channels into every V_s channel)
       4. sum:         out = sum_s V_s
     Parameters: the N x d' filters, O(num_lags N c) as in Thm 4.5 (W is a fixed 0/1 matrix).
     The construction needs no gate that zeroes query rows (an erratum of H.8): a query is never
@@ -1094,24 +1094,24 @@ def mqar_input_dependent_layers(N, c, distances):
     """
     _check_distances(distances, N)
     num_lags, dp = len(distances), 2 * c * len(distances)
-    Q = [slice(2 * c * g, 2 * c * g + c) for g in range(num_lags)]
+    A = [slice(2 * c * g, 2 * c * g + c) for g in range(num_lags)]
     V = [slice(2 * c * g + c, 2 * c * (g + 1)) for g in range(num_lags)]
     eye = torch.eye(c, dtype=DTYPE)
     zero, one = _zeros(N, dp), _ones(N, dp)
     W = _zeros(dp, dp)
     for g in range(num_lags):
-        W[:c, Q[g]], W[:c, V[g]] = eye, eye
+        W[:c, A[g]], W[:c, V[g]] = eye, eye
     layers = projection(W, N)
     W, b1, h = _zeros(dp, dp), zero.clone(), _zeros(dp, N)
     for g, s in enumerate(distances):
-        W[Q[g], Q[g]] = eye
-        h[Q[g], s] = 1.0
+        W[A[g], A[g]] = eye
+        h[A[g], s] = 1.0
         b1[:, V[g]] = 1.0
         h[V[g], s - 1] = 1.0
     layers.append(Layer(W, b1, h, zero.clone()))
     W, b1 = _zeros(dp, dp), one.clone()
     for g in range(num_lags):
-        W[Q[g], V[g]] = 1.0
+        W[A[g], V[g]] = 1.0
         b1[:, V[g]] = 0.0
     layers.append(Layer(W, b1, impulse(N, dp, 0), zero.clone()))
     W = _zeros(dp, dp)
