@@ -761,8 +761,8 @@ class BaseConv(Mixer):
 # Hyena (appendix H.2.1, Algorithm 3)
 
 def hyena_operator(ps, v, hs, impl="fast", state=None):
-    """Algorithm 3's recurrence: z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}) for ℓ = 1..order
-    (the paper's L), returns z^order.
+    """Algorithm 3's recurrence: z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}) for ℓ = 1..order,
+    returns z^order.
 
     ps: `order` gates p^ℓ (B, T, d); v: (B, T, d); hs: `order` filters h^ℓ (d, K). state:
     the input history of each convolution (None: empty). Returns (z^order, the histories).
@@ -776,7 +776,7 @@ def hyena_operator(ps, v, hs, impl="fast", state=None):
 
 
 class Hyena(Mixer):
-    """Hyena of any order, the paper's L (appendix H.2.1, Algorithm 3; Poli et al., 2023).
+    """Hyena of any order (appendix H.2.1, Algorithm 3; Poli et al., 2023).
 
     A linear layer to (order+1)·d channels and a short explicit convolution give
     p^1..p^order and v; `order` gated long convolutions with implicit filters h^ℓ
