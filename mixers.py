@@ -3,8 +3,10 @@
 The mixers of Figure 2 and Figure 6 (appendix H.2 defines the gated convolutions):
   attention          softmax(QKᵀ/√d_h + causal mask) V, multi-head, output projection
                      (Vaswani et al., 2017; the baseline of Figure 2).
-  sliding_window     attention restricted to the last W tokens (appendix F.1, Figure 6).
-  blocked_attention  attention restricted to the token's own block of b tokens (Figure 6).
+  sliding_window     attention restricted to the last `window` tokens (appendix F.1,
+                     Figure 6).
+  blocked_attention  attention restricted to the token's own block of block_size tokens
+                     (Figure 6).
   short_conv         depthwise causal convolution with a short filter (K = 3).
   long_conv          causal convolution with a filter as long as the sequence, explicit or
                      implicit (Table 1's "long conv"; Fu et al., 2023b).
@@ -43,9 +45,9 @@ d88d6f5) trained something else for a figure, a class of its own computes that, 
 experiments/official.py (OfficialBaseConv, OfficialHyena, OfficialH3, OfficialRWKV,
 OfficialSelectiveAttention), each docstring naming the file and each difference. The mixer
 option form=official (build_mixer(name, d_model, seq_len, form="official")) loads the one
-OFFICIAL_FORMS names, as a mixer of your own is loaded; `--preset=figure2` assembles the
-forms Figure 2 used. Under each paper form's heading, one line says what to copy to use it
-elsewhere.
+OFFICIAL_FORMS names, as a mixer of your own is loaded; `python -m experiments
+--preset=figure2` assembles the forms Figure 2 used. Under each paper form's heading, one
+line says what to copy to use it elsewhere.
 
 The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, and the
 official forms alike):
@@ -58,8 +60,8 @@ official forms alike):
 One rule for every mixer: state_size counts everything `step` carries to the next token,
 the recurrent matrix and the buffers of its short convolutions and token shifts alike
 (test_all checks it against the real state of every mixer). States are as small as each
-mixer allows: a window of W tokens keeps the W-1 before the next token, a filter of K taps
-the last K-1 inputs, an SSM its d_state numbers per channel. A complex SSM state is stored
+mixer allows: a window of `window` tokens keeps the window-1 before the next token, a filter
+of K taps the last K-1 inputs, an SSM its d_state numbers per channel. A complex SSM state is stored
 as pairs of reals (torch.view_as_real), so the count is in real numbers. The official code
 counts otherwise from mixer to mixer (zoology/mixers at commit d88d6f5): its GLA adds its
 short convolutions' state, its DeltaNet and Gated DeltaNet leave theirs out, its Mamba-2
@@ -88,18 +90,23 @@ loops over), causal_conv with its state in the convolutions.
 
 Glossary (code name -> paper symbol). One meaning per letter in the whole project: N the
 sequence length, D the number of key-value pairs, d the model width. Inside a layer the
-sequence length is T (time; T = N). What the SSM papers call N and D is d_state and skip
-here.
-  B batch, T sequence length, d model width, H heads,
-  hs = d // H head size (d_h), c vocabulary size, W sliding window, b block size,
+sequence length is T (time; T = N). What the SSM papers call N, B, D and h is d_state, Bm,
+skip and S here.
+  B batch, T sequence length, d model width, H heads, hs = d // H head size (d_h),
+  c vocabulary size, t a position (time) or a number of tokens, ch a channel,
   K filter length (taps), h filter (d, K) with h[:, s] the weight of lag s,
-  L Hyena order (Algorithm 3's L: number of gated convolutions), p^ℓ, v, z^ℓ Hyena's
-  projections and iterates; an SSM has A, B, C, Δ (dt) and d_state numbers of state per channel.
-  w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ_h = 1 - 2^(-5-h);
-  d' (feature_dim) Based's feature dimension, F = 1 + d' + d'(d'+1)/2 the size of its
-  compact φ(x); d_inner Mamba's inner width; skip Mamba's and H3's skip vector (their
-  papers' D); f selective attention's row selection, k (top_k) its budget; C the chunk
-  size of a chunked form, n the number of chunks.
+  W BaseConv's projection and b1, b2 its biases (Section 4; W_o, W_q, ... other layers'),
+  p^ℓ, v, z^ℓ Hyena's gates, value and iterates, ℓ = 1..order (Algorithm 3);
+  an SSM has A, Bm, C, Δ (dt), d_state numbers of state per channel and state S;
+  w, u RWKV's per-channel decay (w > 0) and bonus; gamma RetNet's decay γ, per head;
+  d' (feature_dim) Based's feature dimension; d_inner Mamba's inner width; skip Mamba's
+  and H3's skip vector (their papers' D); f selective attention's row selection;
+  S the state of a linear recurrence, Λ the running sum of its log decay in a chunk.
+Spelled out rather than lettered: window (sliding window), block_size, order (Hyena's,
+Algorithm 3's number of gated convolutions), chunk_size (a chunked form's; chunk in a
+form, `chunks` of them), H3's modes, top_k (a selection's budget), features (the size of
+Based's compact φ). F is torch.nn.functional; L, as in train.py and theory.py, the number
+of layers.
 """
 import argparse
 import hashlib
@@ -182,19 +189,19 @@ def causal_mask(T, device=None):
 
 
 def sliding_window_mask(T, window, device=None):
-    """(T, T) bool: i - W < j <= i, the last W tokens including i itself."""
+    """(T, T) bool: i - window < j <= i, the last `window` tokens including i itself."""
     i = torch.arange(T, device=device)
     return causal_mask(T, device) & (i[None, :] > i[:, None] - window)
 
 
 def block_mask(T, block_size, device=None):
-    """(T, T) bool: j <= i within the same block of b tokens (i // b == j // b)."""
+    """(T, T) bool: j <= i within the same block of block_size tokens."""
     block = torch.arange(T, device=device) // block_size
     return causal_mask(T, device) & (block[:, None] == block[None, :])
 
 
 def attention_reference(q, k, v, dropout=0.0, mask=None):
-    """Masked softmax attention, written out: softmax(QKᵀ/√hs + M) V, M = -inf off the mask.
+    """Masked softmax attention, written out: softmax(q kᵀ/√hs, -inf off the mask) v.
 
     q, k, v: (B, H, T, hs); dropout: the probability of dropping an attention weight
     (training only: pass 0 at inference); mask: (T, T) bool, True where query i may attend
@@ -216,59 +223,58 @@ def attention_fast(q, k, v, dropout=0.0):
 
 
 def sliding_window_reference(q, k, v, window, dropout=0.0):
-    """Attention under sliding_window_mask: materializes (B, H, T, T), T·W of them used."""
+    """Attention under sliding_window_mask: materializes (B, H, T, T), T·window of them used."""
     mask = sliding_window_mask(q.shape[2], window, q.device)
     return attention_reference(q, k, v, dropout, mask)
 
 
 def sliding_window_fast(q, k, v, window, dropout=0.0):
-    """Each block of W queries attends to its own block and the one before (2W keys),
-    masked to i-W < j <= i: B·H·T·2W scores, time and memory linear in T. Block 0 has no
-    block before it: it is causal attention on its own W tokens.
+    """Each block of `window` queries attends to its own block and the one before (2·window
+    keys), masked to i - window < j <= i: B·H·T·2·window scores, time and memory linear in T.
+    Block 0 has no block before it: it is causal attention on its own `window` tokens.
 
     The key blocks are windows of k and v (unfold, a view: no copy), and T is padded to a
-    multiple of W only when it is not one (the padded queries are dropped; real queries
+    multiple of `window` only when it is not one (the padded queries are dropped; real queries
     never see padded keys), so that beyond the scores the layer pays for one copy of the
     output (the concatenation of block 0 and the rest).
     """
     B, H, T, hs = q.shape
-    W = window
-    if W >= T:                                  # one window holds the whole sequence
+    if window >= T:                             # one window holds the whole sequence
         return attention_fast(q, k, v, dropout)
-    if T % W:
-        q, k, v = (F.pad(t, (0, 0, 0, -T % W)) for t in (q, k, v))
-    n = q.shape[2] // W                                                      # blocks
-    first = F.scaled_dot_product_attention(q[:, :, :W], k[:, :, :W], v[:, :, :W],
-                                           is_causal=True, dropout_p=dropout)
-    # query r of block c >= 1 is token i = cW + r, key s of its window is j = (c-1)W + s
-    r, s = torch.arange(W, device=q.device)[:, None], torch.arange(2 * W, device=q.device)
-    mask = ((s > r) & (s <= r + W))[None, None]          # (1, 1, W, 2W): i-W < j <= i
-    q = q[:, :, W:].reshape(B * H, n - 1, W, hs)
-    k, v = (t.reshape(B * H, n * W, hs).unfold(1, 2 * W, W).transpose(2, 3)
-            for t in (k, v))                                  # (B·H, n-1, 2W, hs), views
+    if T % window:
+        q, k, v = (F.pad(t, (0, 0, 0, -T % window)) for t in (q, k, v))
+    blocks = q.shape[2] // window
+    first = F.scaled_dot_product_attention(q[:, :, :window], k[:, :, :window],
+                                           v[:, :, :window], is_causal=True, dropout_p=dropout)
+    # query r of block m >= 1 is token i = m·window + r, key s of its window j = (m-1)·window + s
+    r = torch.arange(window, device=q.device)[:, None]
+    s = torch.arange(2 * window, device=q.device)
+    mask = ((s > r) & (s <= r + window))[None, None]          # (1, 1, window, 2·window)
+    q = q[:, :, window:].reshape(B * H, blocks - 1, window, hs)
+    k, v = (t.reshape(B * H, blocks * window, hs).unfold(1, 2 * window, window).transpose(2, 3)
+            for t in (k, v))                          # (B·H, blocks-1, 2·window, hs), views
     # a 4-d mask (the fused CPU kernel takes no other), broadcast over the blocks
     rest = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    y = torch.cat([first, rest.reshape(B, H, (n - 1) * W, hs)], dim=2)
+    y = torch.cat([first, rest.reshape(B, H, (blocks - 1) * window, hs)], dim=2)
     return y[:, :, :T]                                                       # (B, H, T, hs)
 
 
 def blocked_attention_reference(q, k, v, block_size, dropout=0.0):
-    """Attention under block_mask: materializes (B, H, T, T), T·b of them used."""
+    """Attention under block_mask: materializes (B, H, T, T), T·block_size of them used."""
     mask = block_mask(q.shape[2], block_size, q.device)
     return attention_reference(q, k, v, dropout, mask)
 
 
 def blocked_attention_fast(q, k, v, block_size, dropout=0.0):
-    """Causal attention within reshaped blocks (B·H, T/b, b, hs): B·H·T·b scores, time and
-    memory linear in T. T is padded to a multiple of b only when it is not one (the padded
-    queries are dropped)."""
+    """Causal attention within reshaped blocks (B·H, T/block_size, block_size, hs):
+    B·H·T·block_size scores, time and memory linear in T. T is padded to a multiple of
+    block_size only when it is not one (the padded queries are dropped)."""
     B, H, T, hs = q.shape
-    b = block_size
-    if b >= T:                                  # one block holds the whole sequence
+    if block_size >= T:                         # one block holds the whole sequence
         return attention_fast(q, k, v, dropout)
-    if T % b:
-        q, k, v = (F.pad(t, (0, 0, 0, -T % b)) for t in (q, k, v))
-    q, k, v = (t.reshape(B * H, -1, b, hs) for t in (q, k, v))
+    if T % block_size:
+        q, k, v = (F.pad(t, (0, 0, 0, -T % block_size)) for t in (q, k, v))
+    q, k, v = (t.reshape(B * H, -1, block_size, hs) for t in (q, k, v))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
     return y.reshape(B, H, -1, hs)[:, :, :T]                                # (B, H, T, hs)
 
@@ -283,14 +289,14 @@ BLOCKED_ATTENTION_IMPLS = {"fast": blocked_attention_fast,
 def rotary(x, positions, base=10000.0):
     """Rotary position embedding (Su et al., 2021) of x (..., T, hs) at `positions` (T,):
     channel i of the first half and i of the second, a pair, turned by the angle
-    p·base^(-2i/hs) at position p (the Llama / GPT-NeoX layout), so that q·k after it depends
+    t·base^(-2i/hs) at position t (the Llama / GPT-NeoX layout), so that q·k after it depends
     on the positions only through their difference."""
     hs = x.shape[-1]
     freqs = base ** (-2 * torch.arange(hs // 2, dtype=torch.float64, device=x.device) / hs)
     angles = positions.to(torch.float64)[:, None] * freqs                   # (T, hs/2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    a, b = x[..., :hs // 2], x[..., hs // 2:]
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    x1, x2 = x[..., :hs // 2], x[..., hs // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 class Attention(Mixer):
@@ -342,9 +348,9 @@ class Attention(Mixer):
         """(B, H, T, hs) -> (B, H, T, hs) in the form `impl` picks."""
         return self.impls[self.impl](q, k, v, *self.form_args, dropout)
 
-    def cache_len(self, n):
-        """How many of the n most recent keys/values a later token can still attend to."""
-        return n
+    def cache_len(self, length):
+        """How many of the `length` most recent keys/values a later token can still attend to."""
+        return length
 
     def _heads(self, x):
         B, T, d = x.shape
@@ -367,20 +373,19 @@ class Attention(Mixer):
     def step(self, x_t, state=None):
         B, d = x_t.shape
         if self.conv is not None:
-            c, (past,) = self.conv.step(x_t, None if state is None else state[2:])
-            x_t = x_t + c
+            conv_t, (past,) = self.conv.step(x_t, None if state is None else state[2:])
+            x_t = x_t + conv_t
         q, k, v = self._heads(x_t[:, None])                                  # (B, H, 1, hs)
         if self.rotary:                          # this token's position: the keys cached
             t = torch.tensor([0 if state is None else state[0].shape[2]], device=x_t.device)
             q, k = rotary(q, t), rotary(k, t)
         if state is not None:
-            k = torch.cat([state[0], k], dim=2)                              # (B, H, n, hs)
+            k = torch.cat([state[0], k], dim=2)                     # (B, H, cached + 1, hs)
             v = torch.cat([state[1], v], dim=2)
         # the cache holds only keys the newest query may see: no mask needed
-        w = torch.einsum("bhd,bhjd->bhj", q[:, :, 0], k) / math.sqrt(d // self.num_heads)
-        y = torch.einsum("bhj,bhjd->bhd", w.softmax(dim=-1), v)             # (B, H, hs)
-        n = k.shape[2]
-        keep = n - self.cache_len(n)
+        scores = torch.einsum("bhd,bhjd->bhj", q[:, :, 0], k) / math.sqrt(d // self.num_heads)
+        y = torch.einsum("bhj,bhjd->bhd", scores.softmax(dim=-1), v)        # (B, H, hs)
+        keep = k.shape[2] - self.cache_len(k.shape[2])
         state = (k[:, :, keep:], v[:, :, keep:])
         return self.out_proj(y.reshape(B, d)), state + ((past,) if self.conv else ())
 
@@ -390,13 +395,13 @@ class Attention(Mixer):
 
 
 class SlidingWindowAttention(Attention):
-    """Token i attends to the last W tokens, i-W+1..i (appendix F.1, Figure 6).
+    """Token i attends to the last `window` tokens, i-window+1..i (appendix F.1, Figure 6).
 
-    Convention: W counts the token itself. The official code (Zoology's sliding-window
-    mixer) attends to W+1 tokens, i-W..i, so its window W is our window W+1. A window
-    W >= T is exactly causal attention (the fast form then calls attention_fast).
-    `step` keeps the W-1 most recent keys and values, all a later token can see:
-    state 2·min(t, W-1)·d numbers, constant in t once t >= W-1.
+    Convention: the window counts the token itself. The official code (Zoology's
+    sliding-window mixer) attends to window+1 tokens, i-window..i, so its window is our
+    window+1. A window >= T is exactly causal attention (the fast form then calls
+    attention_fast). `step` keeps the window-1 most recent keys and values, all a later
+    token can see: state 2·min(t, window-1)·d numbers, constant in t once t >= window-1.
     To copy: this class, SLIDING_WINDOW_IMPLS (sliding_window_fast, sliding_window_reference),
     sliding_window_mask and Attention with what its line names.
     """
@@ -409,16 +414,17 @@ class SlidingWindowAttention(Attention):
         super().__init__(d_model, seq_len, num_heads, dropout, impl, bias)
         self.window, self.form_args = window, (window,)
 
-    def cache_len(self, n):
-        return min(n, self.window - 1)
+    def cache_len(self, length):
+        return min(length, self.window - 1)
 
 
 class BlockedAttention(Attention):
-    """Token i attends causally within its own block of b tokens, [b·⌊i/b⌋, i] (Figure 6).
+    """Token i attends causally within its own block of block_size tokens,
+    [block_size·⌊i/block_size⌋, i] (Figure 6).
 
     `step` keeps the keys and values of the current block only: after t tokens that is
-    t mod b of them (state 2·(t mod b)·d numbers; empty right after a block fills up,
-    since the next token opens a new block).
+    t mod block_size of them (state 2·(t mod block_size)·d numbers; empty right after a block
+    fills up, since the next token opens a new block).
     To copy: this class, BLOCKED_ATTENTION_IMPLS (blocked_attention_fast,
     blocked_attention_reference), block_mask and Attention with what its line names.
     """
@@ -431,8 +437,8 @@ class BlockedAttention(Attention):
         super().__init__(d_model, seq_len, num_heads, dropout, impl, bias)
         self.block_size, self.form_args = block_size, (block_size,)
 
-    def cache_len(self, n):
-        return n % self.block_size
+    def cache_len(self, length):
+        return length % self.block_size
 
 
 # ----------------------------------------------------------------------------------------
@@ -467,10 +473,10 @@ def causal_conv_fft(u, h):
     the padding the same formula gives the cyclic convolution u ⊛ h: test_all.py shows it).
     """
     B, T, d = u.shape
-    n = 2 * T
-    u_f = torch.fft.rfft(u.transpose(1, 2), n=n)                            # (B, d, T+1)
-    h_f = torch.fft.rfft(h[:, :T], n=n)                                     # (d, T+1)
-    return torch.fft.irfft(u_f * h_f, n=n)[..., :T].transpose(1, 2)         # (B, T, d)
+    padded = 2 * T
+    u_f = torch.fft.rfft(u.transpose(1, 2), n=padded)                       # (B, d, T+1)
+    h_f = torch.fft.rfft(h[:, :T], n=padded)                                # (d, T+1)
+    return torch.fft.irfft(u_f * h_f, n=padded)[..., :T].transpose(1, 2)    # (B, T, d)
 
 
 def causal_conv_fast(u, h):
@@ -508,30 +514,32 @@ def causal_conv(u, h, impl="fast", state=None):
 # filters: explicit (one parameter per tap) and implicit (an MLP over positions)
 
 def positional_features(length, frequencies, dtype=None, device=None):
-    """(length, 1 + 2F): [t, cos(f·w_n), -sin(f·w_n)] for each of the F frequencies f, the
-    real and imaginary parts of exp(-i f w_n), w_n = 2πn/length; t = n/(length - 1) in [0, 1].
+    """(length, 1 + 2·len(frequencies)): at tap s, [t, cos(ν·ω_s), -sin(ν·ω_s)] for each
+    frequency ν, the real and imaginary parts of exp(-i ν ω_s), ω_s = 2πs/length;
+    t = s/(length - 1) in [0, 1].
 
     The input of an implicit filter's MLP (Hyena, Poli et al., 2023, §3.3: "a truncated
     complex exponential basis"). Features depend on the filter length, not on the input's T.
     """
-    n = torch.arange(length, dtype=dtype, device=device)
-    t = n / max(length - 1, 1)
-    angle = n[:, None] * 2 * math.pi / length * torch.as_tensor(frequencies, dtype=dtype,
-                                                                device=device)
+    lag = torch.arange(length, dtype=dtype, device=device)
+    t = lag / max(length - 1, 1)
+    angle = lag[:, None] * 2 * math.pi / length * torch.as_tensor(frequencies, dtype=dtype,
+                                                                  device=device)
     return torch.cat([t[:, None], angle.cos(), -angle.sin()], dim=-1)
 
 
 # The official code's features (zoology/mixers/hyena.py and convolution.py, PositionalEmbedding
 # with emb_dim=3): one band, at frequency linspace(1e-4, bands - 1, bands) = 1e-4. So its MLPs
-# see t and two near-constants (cos ≈ 1, -sin ≈ -0.0006·n/length): in effect t alone.
+# see t and two near-constants (cos ≈ 1, -sin ≈ -0.0006·s/length at tap s): in effect t alone.
 OFFICIAL_FREQUENCIES = (1e-4,)
 
 
 def exponential_decay(length, channels, fast=0.3, slow=1.5, target=1e-2, dtype=None,
                       device=None):
-    """(channels, length) window exp(-α_c t), t = n / (length - 1) (Hyena's modulation).
+    """(channels, length) window exp(-α_ch t) of channel ch, t = s / (length - 1) at tap s
+    (Hyena's modulation).
 
-    Rates α_c spread linearly from one that reaches `target` at t = `slow` (past the end)
+    Rates α_ch spread linearly from one that reaches `target` at t = `slow` (past the end)
     to one that reaches it at t = `fast`: the official ExponentialModulation's defaults.
     """
     t = torch.arange(length, dtype=dtype, device=device) / max(length - 1, 1)
@@ -555,9 +563,10 @@ class ExplicitFilter(nn.Module):
 
 
 class ImplicitFilter(nn.Module):
-    """h[c, n] = MLP(z_n)[c] · exp(-α_c t_n): Hyena's implicit filter (Poli et al. 2023, §3.3).
+    """h[ch, s] = MLP(z_s)[ch] · exp(-α_ch t_s): Hyena's implicit filter (Poli et al. 2023,
+    §3.3).
 
-    An MLP with sine activations maps the positional features z_n (positional_features, at
+    An MLP with sine activations maps the positional features z_s (positional_features, at
     frequencies 1..4) to one value per channel: hidden width 32, one inner layer, sin(x);
     an exponential decay window (exponential_decay) fades it. Parameters do not grow with
     the length. The official code's filter is experiments/official.py's OfficialImplicitFilter.
@@ -569,7 +578,8 @@ class ImplicitFilter(nn.Module):
 
     def __init__(self, channels, length, hidden=32, inner=1, frequencies=(1.0, 2.0, 3.0, 4.0)):
         super().__init__()
-        self.register_buffer("z", positional_features(length, frequencies))  # (K, 1+2F)
+        # z (K, 1 + 2·len(frequencies)): each tap's positional features
+        self.register_buffer("z", positional_features(length, frequencies))
         self.layers = nn.ModuleList([nn.Linear(self.z.shape[1], hidden)] +
                                     [nn.Linear(hidden, hidden) for _ in range(inner)])
         self.out = nn.Linear(hidden, channels, bias=False)
@@ -586,7 +596,7 @@ class ImplicitFilter(nn.Module):
 
 
 class MLPFilter(nn.Module):
-    """h[c, n] = MLP(z_n)[c], a ReLU MLP over the official positional features, no decay:
+    """h[ch, s] = MLP(z_s)[ch], a ReLU MLP over the official positional features, no decay:
     Zoology's ImplicitLongConvolution (zoology/mixers/convolution.py, d_emb=3, d_hidden=16),
     the long filter of the official BaseConv that Figure 2 trained. Nothing fades its far
     taps, unlike ImplicitFilter's decay window; its features are fixed.
@@ -751,10 +761,11 @@ class BaseConv(Mixer):
 # Hyena (appendix H.2.1, Algorithm 3)
 
 def hyena_operator(ps, v, hs, impl="fast", state=None):
-    """Algorithm 3's recurrence: z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}), returns z^L.
+    """Algorithm 3's recurrence: z^0 = v, z^ℓ = p^ℓ ⊙ (h^ℓ ∗ z^{ℓ-1}) for ℓ = 1..order,
+    returns z^order.
 
-    ps: L gates p^ℓ (B, T, d); v: (B, T, d); hs: L filters h^ℓ (d, K). state: the input
-    history of each of the L convolutions (None: empty). Returns (z^L, the L histories).
+    ps: `order` gates p^ℓ (B, T, d); v: (B, T, d); hs: `order` filters h^ℓ (d, K). state:
+    the input history of each convolution (None: empty). Returns (z^order, the histories).
     """
     z, pasts = v, []
     for p, h, past in zip(ps, hs, state or [None] * len(hs)):
@@ -765,12 +776,13 @@ def hyena_operator(ps, v, hs, impl="fast", state=None):
 
 
 class Hyena(Mixer):
-    """Hyena of order L (appendix H.2.1, Algorithm 3; Poli et al., 2023).
+    """Hyena of any order (appendix H.2.1, Algorithm 3; Poli et al., 2023).
 
-    A linear layer to (L+1)·d channels and a short explicit convolution give p^1..p^L and
-    v; L gated long convolutions with implicit filters h^ℓ (ImplicitFilter); an output
-    projection. `step` keeps the last K_short-1 projected inputs and the history of each
-    long convolution's input: min(t, K_short-1)·(L+1)·d + L·min(t, seq_len-1)·d numbers.
+    A linear layer to (order+1)·d channels and a short explicit convolution give
+    p^1..p^order and v; `order` gated long convolutions with implicit filters h^ℓ
+    (ImplicitFilter); an output projection. `step` keeps the last K_short-1 projected inputs
+    and the history of each long convolution's input:
+    min(t, K_short-1)·(order+1)·d + order·min(t, seq_len-1)·d numbers.
     To copy: this class, hyena_operator, ImplicitFilter (with positional_features and
     exponential_decay), ExplicitFilter, causal_conv with CONV_IMPLS (causal_conv_direct,
     causal_conv_fft, causal_conv_fast, SHORT_FILTER), Mixer, check_choice and check_positive.
@@ -808,9 +820,9 @@ class Hyena(Mixer):
         return y[:, 0], state
 
     def state_size(self, t):
-        d, L = self.d_model, self.order
-        return (min(t, self.short_kernel_size - 1) * (L + 1) * d
-                + L * min(t, self.seq_len - 1) * d)
+        d, order = self.d_model, self.order
+        return (min(t, self.short_kernel_size - 1) * (order + 1) * d
+                + order * min(t, self.seq_len - 1) * d)
 
 
 # ----------------------------------------------------------------------------------------
@@ -820,9 +832,9 @@ SSM_DISCRETIZATIONS = ("zoh", "bilinear")
 
 
 def ssm_discretize(log_dt, A, method="zoh"):
-    """The discrete SSM of x' = A x + B u with step Δ = exp(log_dt) and B = 1: (log Ā, B̄),
-    each (channels, n) complex (returning log Ā lets the kernel raise Ā to any power
-    by exp).
+    """The discrete SSM of x' = A x + u (an input map of ones) with step Δ = exp(log_dt):
+    (log Ā, B̄), each (channels, modes) complex (returning log Ā lets the kernel raise Ā to
+    any power by exp).
 
     zoh       Ā = exp(ΔA),                   B̄ = (exp(ΔA) - 1) / A   (zero-order hold,
               S4D's default)
@@ -831,7 +843,7 @@ def ssm_discretize(log_dt, A, method="zoh"):
     """
     check_choice("discretization", method, SSM_DISCRETIZATIONS)
     dt = log_dt.exp()[:, None]
-    dtA = dt * A                                                      # (channels, n)
+    dtA = dt * A                                                      # (channels, modes)
     if method == "zoh":
         return dtA, (dtA.exp() - 1) / A
     return torch.log((1 + dtA / 2) / (1 - dtA / 2)), dt / (1 - dtA / 2)
@@ -844,30 +856,31 @@ def exp_complex(z):
 
 
 def diagonal_ssm_kernel(log_dt, A, C, T, discretization="zoh"):
-    """The SSM's convolution kernel K[ch, ℓ] = 2·Re Σ_n C[ch, n] B̄[ch, n] Ā[ch, n]^ℓ, ℓ < T.
+    """The SSM's convolution kernel, kernel[ch, ℓ] = 2·Re Σ_r C[ch, r] B̄[ch, r] Ā[ch, r]^ℓ
+    over its modes r, ℓ < T.
 
-    log_dt: (channels,) real; A, C: (channels, n) complex, n = d_state/2 modes whose
+    log_dt: (channels,) real; A, C: (channels, modes) complex, d_state/2 modes whose
     conjugates make the state real (hence 2·Re); S4D's kernel.
     Writing ℓ = m·i + j with m = ⌈√T⌉, Ā^ℓ = exp(m·i·log Ā)·exp(j·log Ā): two
-    (channels, n, m) tables of exponentials and a batched matmul, instead of channels·n·T
-    complex exponentials (which cost more than the convolution they feed).
+    (channels, modes, m) tables of exponentials and a batched matmul, instead of
+    channels·modes·T complex exponentials (which cost more than the convolution they feed).
     """
-    log_dA, dB = ssm_discretize(log_dt, A, discretization)            # (channels, n)
+    log_dA, dB = ssm_discretize(log_dt, A, discretization)            # (channels, modes)
     m = math.isqrt(T - 1) + 1
     j = torch.arange(m, dtype=log_dt.dtype, device=log_dt.device)
     coarse, fine = exp_complex(log_dA[..., None] * (m * j)), exp_complex(log_dA[..., None] * j)
-    K = torch.einsum("dn,dni,dnj->dij", C * dB, coarse, fine)        # (channels, m, m)
-    return 2 * K.real.flatten(1)[:, :T]                               # (channels, T)
+    kernel = torch.einsum("dr,dri,drj->dij", C * dB, coarse, fine)   # (channels, m, m)
+    return 2 * kernel.real.flatten(1)[:, :T]                          # (channels, T)
 
 
 def diagonal_ssm_step(u_t, x, log_dt, A, C, discretization="zoh"):
-    """One step of the recurrence: x_t = Ā x_{t-1} + B̄ u_t, y_t = 2·Re Σ_n C_n x_t[n].
+    """One step of the recurrence: x_t = Ā x_{t-1} + B̄ u_t, y_t = 2·Re Σ_r C_r x_t[r].
 
-    u_t: (B, channels) real, x: (B, channels, n) complex. Its impulse response is
+    u_t: (B, channels) real, x: (B, channels, modes) complex. Its impulse response is
     diagonal_ssm_kernel.
     """
     log_dA, dB = ssm_discretize(log_dt, A, discretization)
-    x = exp_complex(log_dA) * x + dB * u_t[..., None]                 # (B, channels, n)
+    x = exp_complex(log_dA) * x + dB * u_t[..., None]                 # (B, channels, modes)
     return 2 * (C * x).sum(-1).real, x
 
 
@@ -878,13 +891,14 @@ class H3(Mixer):
     y_j = Σ_i q_i · SSM_diag(k ⊗ v)_{ij}; head_dim=1 (default) is the elementwise
     q ⊙ SSM(k ⊙ v). One diagonal SSM per head, shared by its head_dim² channels, with a
     skip term (S4D's D).
-    Shift SSM: A is the shift matrix and B = e_0, so its state is the last inputs and its
-    kernel is its C vector: a causal convolution with a learned filter of shift_size taps
+    Shift SSM: A is the shift matrix and its input map e_0, so its state is the last inputs
+    and its kernel is its C vector: a causal convolution with a learned filter of shift_size taps
     (default d_state: the official code uses one state size for both SSMs); its skip term
     is folded into tap 0.
-    Diagonal SSM: S4D-Lin init, A_n = -1/2 + iπn, Δ log-uniform in [1e-3, 1e-1], C normal;
-    d_state real numbers per channel (d_state/2 complex modes and their conjugates),
-    discretized by zero-order hold (S4D's). Shift taps start N(0, 1/n).
+    Diagonal SSM: S4D-Lin init, A_r = -1/2 + iπr for mode r, Δ log-uniform in [1e-3, 1e-1],
+    C normal; d_state real numbers per channel (d_state/2 complex modes and their
+    conjugates), discretized by zero-order hold (S4D's). Shift taps start
+    N(0, 1/shift_size).
     Fast form: the SSM's kernel through the FFT convolution; reference: the direct sum.
     `step` runs both SSMs as recurrences: the state is the shift SSM's last inputs,
     min(t, shift_size-1)·d numbers, and the diagonal SSM's (d/head_dim)·head_dim²·d_state.
@@ -907,16 +921,16 @@ class H3(Mixer):
         shift_size = d_state if shift_size is None else shift_size
         check_positive("shift_size", shift_size, "an integer >= 1, or None for d_state")
         check_choice("impl", impl, tuple(CONV_IMPLS))
-        H, n = d_model // head_dim, d_state // 2
+        H, modes = d_model // head_dim, d_state // 2
         self.d_state, self.head_dim, self.shift_size = d_state, head_dim, shift_size
         self.impl = impl
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.shift_filter = self.shift_taps(d_model, shift_size)
         self.log_dt = nn.Parameter(torch.empty(H).uniform_(math.log(1e-3), math.log(1e-1)))
-        self.log_neg_A_re = nn.Parameter(torch.full((H, n), math.log(0.5)))
-        self.A_im = nn.Parameter(math.pi * torch.arange(n).float().repeat(H, 1))
-        self.C_re = nn.Parameter(torch.randn(H, n) * math.sqrt(0.5))
-        self.C_im = nn.Parameter(torch.randn(H, n) * math.sqrt(0.5))
+        self.log_neg_A_re = nn.Parameter(torch.full((H, modes), math.log(0.5)))
+        self.A_im = nn.Parameter(math.pi * torch.arange(modes).float().repeat(H, 1))
+        self.C_re = nn.Parameter(torch.randn(H, modes) * math.sqrt(0.5))
+        self.C_im = nn.Parameter(torch.randn(H, modes) * math.sqrt(0.5))
         self.skip = nn.Parameter(torch.randn(H))
         self.out_proj = nn.Linear(d_model, d_model)
 
@@ -930,16 +944,17 @@ class H3(Mixer):
                 C.repeat_interleave(r, 0), self.skip.repeat_interleave(r))
 
     def _outer(self, k, v):
-        """k ⊗ v per head: (..., d), (..., d) -> (..., H·hd·hd), channel (h, i, j) = k_hi v_hj."""
+        """k ⊗ v per head: (..., d), (..., d) -> (..., H·hd·hd), channel (head, i, j) =
+        k[head, i]·v[head, j]."""
         hd = self.head_dim
         k, v = k.unflatten(-1, (-1, hd)), v.unflatten(-1, (-1, hd))
         return (k[..., :, None] * v[..., None, :]).flatten(-3)
 
-    def _gate(self, q, s):
-        """y_hj = Σ_i q_hi s_hij: (..., d), (..., H·hd·hd) -> (..., d)."""
+    def _gate(self, q, ssm):
+        """y[head, j] = Σ_i q[head, i]·ssm[head, i, j]: (..., d), (..., H·hd·hd) -> (..., d)."""
         hd = self.head_dim
-        q, s = q.unflatten(-1, (-1, hd)), s.unflatten(-1, (-1, hd, hd))
-        return (q[..., None] * s).sum(-2).flatten(-2)
+        q, ssm = q.unflatten(-1, (-1, hd)), ssm.unflatten(-1, (-1, hd, hd))
+        return (q[..., None] * ssm).sum(-2).flatten(-2)
 
     def forward(self, x):
         B, T, d = x.shape
@@ -947,9 +962,9 @@ class H3(Mixer):
         k, _ = causal_conv(k, self.shift_filter(), self.impl)
         kv = self._outer(k, v)                                               # (B, T, H·hd²)
         log_dt, A, C, skip = self._ssm()
-        K = diagonal_ssm_kernel(log_dt, A, C, T, self.discretization)        # (H·hd², T)
-        s, _ = causal_conv(kv, K, self.impl)
-        return self.out_proj(self._gate(q, s + skip * kv))
+        kernel = diagonal_ssm_kernel(log_dt, A, C, T, self.discretization)   # (H·hd², T)
+        ssm, _ = causal_conv(kv, kernel, self.impl)
+        return self.out_proj(self._gate(q, ssm + skip * kv))
 
     def step(self, x_t, state=None):
         B, d = x_t.shape
@@ -962,8 +977,8 @@ class H3(Mixer):
         q, k, v = self.qkv(x_t).split(d, dim=-1)                             # (B, d)
         k, shift_x = causal_conv(k[:, None], self.shift_filter(), self.impl, shift_x)
         kv = self._outer(k[:, 0], v)                                         # (B, H·hd²)
-        s, ssm_x = diagonal_ssm_step(kv, ssm_x, log_dt, A, C, self.discretization)
-        y_t = self.out_proj(self._gate(q, s + skip * kv))
+        ssm, ssm_x = diagonal_ssm_step(kv, ssm_x, log_dt, A, C, self.discretization)
+        y_t = self.out_proj(self._gate(q, ssm + skip * kv))
         return y_t, (shift_x, torch.view_as_real(ssm_x))
 
     def state_size(self, t):
@@ -996,7 +1011,7 @@ def _pad_to_chunks(x, chunk_size, dim, value=0.0):
 # wkv_t = (Σ_{i<t} e^{-(t-1-i)w + k_i} v_i + e^{u + k_t} v_t)
 #       / (Σ_{i<t} e^{-(t-1-i)w + k_i}     + e^{u + k_t})
 # is, per channel, a softmax over positions i <= t of the scores
-#   L[t, i] = k_i - (t-1-i) w  (i < t),   u + k_t  (i = t)
+#   score[t, i] = k_i - (t-1-i) w  (i < t),   u + k_t  (i = t)
 # applied to v. The recurrence keeps every sum as (a, b, p) = (a·e^p, b·e^p) and rescales to
 # the largest p before adding, so keys of any size (e^1000 overflows float64) give the right
 # ratio. The scales cancel in the ratio, so they are detached: they carry no gradient.
@@ -1061,12 +1076,13 @@ def _add_term(avg, log_z, v, score):
 
 
 def wkv_chunked(w, u, k, v, state=None, chunk_size=64):
-    """The same recurrence in three phases, C + n Python steps instead of T = n·C:
+    """The same recurrence in three phases, chunk + chunks Python steps instead of
+    T = chunks·chunk (chunk = chunk_size positions each):
 
-    1. every chunk runs the recurrence from an empty sum, all n chunks at once (C steps of
-       O(B·n·d)), keeping the local sum before each position;
-    2. the sums entering each chunk: the previous one decayed by e^{-C·w} plus that chunk's
-       local end sum (n steps of O(B·d));
+    1. every chunk runs the recurrence from an empty sum, all chunks at once (`chunk` steps
+       of O(B·chunks·d)), keeping the local sum before each position;
+    2. the sums entering each chunk: the previous one decayed by e^{-chunk·w} plus that
+       chunk's local end sum (`chunks` steps of O(B·d));
     3. every position at once: carried sum decayed by e^{-j·w} + local sum + bonus term.
     A sum is kept as (average, log-normaliser) (see _add_term): decaying it by e^{-w} is
     log_z - w, adding a term is a σ-weighted lerp and a logaddexp: four element-wise
@@ -1076,15 +1092,15 @@ def wkv_chunked(w, u, k, v, state=None, chunk_size=64):
     keys are finfo.min, terms of weight 0: the carry after the last chunk is the final
     state, decayed pad·w too far, which the end undoes.
     """
-    C = min(chunk_size, k.shape[1])                 # a chunk never longer than the sequence
+    chunk = min(chunk_size, k.shape[1])             # a chunk never longer than the sequence
     tiny = torch.finfo(k.dtype).min
-    (kc, T), (vc, _) = _pad_to_chunks(k, C, 1, tiny), _pad_to_chunks(v, C, 1)
+    (kc, T), (vc, _) = _pad_to_chunks(k, chunk, 1, tiny), _pad_to_chunks(v, chunk, 1)
     B, Tp, d = kc.shape
-    n = Tp // C
-    kc, vc = kc.view(B, n, C, d), vc.view(B, n, C, d)                       # (B, n, C, d)
-    zero = torch.zeros_like(kc[:, :, 0])                                      # (B, n, d)
+    chunks = Tp // chunk
+    kc, vc = kc.view(B, chunks, chunk, d), vc.view(B, chunks, chunk, d)   # (B, chunks, chunk, d)
+    zero = torch.zeros_like(kc[:, :, 0])                                      # (B, chunks, d)
     (avg, log_z), before = (zero, torch.full_like(zero, tiny)), []            # empty sums
-    for j in range(C):                                                        # 1.
+    for j in range(chunk):                                                    # 1.
         before.append((avg, log_z))
         avg, log_z = _add_term(avg, log_z - w, vc[:, :, j], kc[:, :, j])
     if state is None:
@@ -1093,13 +1109,13 @@ def wkv_chunked(w, u, k, v, state=None, chunk_size=64):
         a, b, p = state
         c_avg, c_log_z = a / b, p + torch.log(b)
     carried = []
-    for c in range(n):                                                        # 2.
+    for i in range(chunks):                                                   # 2.
         carried.append((c_avg, c_log_z))
-        c_avg, c_log_z = _add_term(c_avg, c_log_z - C * w, avg[:, c], log_z[:, c])
+        c_avg, c_log_z = _add_term(c_avg, c_log_z - chunk * w, avg[:, i], log_z[:, i])
     final = c_avg, torch.ones_like(c_avg), c_log_z + (Tp - T) * w
-    j = torch.arange(C, device=k.device)[:, None]                             # (C, 1)
-    c_avg, c_log_z = (torch.stack(s, 1)[:, :, None] for s in zip(*carried))  # (B, n, 1, d)
-    avg, log_z = (torch.stack(s, 2) for s in zip(*before))                   # (B, n, C, d)
+    j = torch.arange(chunk, device=k.device)[:, None]                         # (chunk, 1)
+    c_avg, c_log_z = (torch.stack(s, 1)[:, :, None] for s in zip(*carried))  # (B, chunks, 1, d)
+    avg, log_z = (torch.stack(s, 2) for s in zip(*before))                   # (B, chunks, chunk, d)
     avg, log_z = _add_term(avg, log_z, c_avg, c_log_z - j * w)
     y = torch.lerp(avg, vc, torch.sigmoid(u + kc - log_z))                   # the bonus term
     return y.reshape(B, Tp, d)[:, :T], final
@@ -1173,9 +1189,10 @@ class RWKV(Mixer):
 # RetNet multi-scale retention (appendix H.2; Sun et al., 2023, eq. 5-9)
 #
 # recurrent  S_t = γ S_{t-1} + k_tᵀ v_t,  y_t = q_t S_t
-# parallel   Y = (Q Kᵀ ⊙ Γ) V,  Γ[n, m] = γ^{n-m} for n >= m else 0 (RetNet's D)
-# chunkwise  per chunk of C: Y_c = (Q_c K_cᵀ ⊙ Γ) V_c + (Q_c ⊙ ξ) R_{c-1},  ξ_i = γ^{i+1}
-#            R_c = K_cᵀ (V_c ⊙ ζ) + γ^C R_{c-1},  ζ_j = γ^{C-1-j}
+# parallel   Y = (Q Kᵀ ⊙ Γ) V,  Γ[t, s] = γ^{t-s} for t >= s else 0 (RetNet's D)
+# chunkwise  per chunk [i] of `chunk` positions:
+#            Y_[i] = (Q_[i] K_[i]ᵀ ⊙ Γ) V_[i] + (Q_[i] ⊙ ξ) R_[i-1],  ξ_j = γ^{j+1}
+#            R_[i] = K_[i]ᵀ (V_[i] ⊙ ζ) + γ^chunk R_[i-1],  ζ_j = γ^{chunk-1-j}
 # Every form takes (q, k, v, gamma, state=None, chunk_size): q, k (B, H, T, hs),
 # v (B, H, T, hv), gamma (H,), state S (B, H, hs, hv) before the first position (None: 0);
 # chunk_size is the chunkwise form's, the others ignore it. Each returns (y, S after the
@@ -1183,15 +1200,15 @@ class RWKV(Mixer):
 
 
 def _decay_matrix(gamma, T):
-    """Γ (H, T, T): γ^{n-m} below and on the diagonal, 0 above."""
-    n = torch.arange(T, device=gamma.device)
-    dist = n[:, None] - n[None, :]                                            # (T, T)
+    """Γ (H, T, T): γ^{t-s} below and on the diagonal, 0 above."""
+    t = torch.arange(T, device=gamma.device)
+    dist = t[:, None] - t[None, :]                                            # (T, T)
     decay = torch.exp(dist.clamp_min(0) * torch.log(gamma)[:, None, None])    # (H, T, T)
     return decay.masked_fill(dist < 0, 0.0)
 
 
 def _powers(gamma, exponents):
-    """γ_h^e for every head h and exponent e: (H, len(exponents), 1)."""
+    """γ^e of every head for every exponent e: (H, len(exponents), 1)."""
     return torch.exp(exponents * torch.log(gamma)[:, None])[..., None]
 
 
@@ -1205,7 +1222,7 @@ def _state_after(k, v, gamma, state=None):
 
 
 def _read_state(q, gamma, state):
-    """(q ⊙ ξ) S, ξ_i = γ^{i+1}: what the state S before q (..., H, T, hs) adds to y."""
+    """(q ⊙ ξ) S, ξ_j = γ^{j+1}: what the state S before q (..., H, T, hs) adds to y."""
     return (q * _powers(gamma, torch.arange(1, q.shape[-2] + 1, device=q.device))) @ state
 
 
@@ -1229,27 +1246,28 @@ def retention_recurrent(q, k, v, gamma, state=None, chunk_size=None):
 
 
 def retention_chunkwise(q, k, v, gamma, state=None, chunk_size=32):
-    """The chunkwise form: parallel inside chunks of C, recurrent across the n chunks.
+    """The chunkwise form: parallel inside chunks of `chunk` positions, recurrent across them.
 
-    The intra-chunk products are batched matmuls over all n chunks at once; the recurrence
-    R_c = γ^C R_{c-1} + K_cᵀ(V_c ⊙ ζ) is n steps of one fused multiply-add on (B, H, hs, hv).
-    Costs B·H·T·C·(hs + hv) inside chunks and 2·B·H·T·hs·hv to build and read the states;
-    materializes (B, H, n, C, C) and one (hs, hv) state per chunk. The final state comes
-    from the last chunk's real positions (its zero padding would count in the decay).
+    The intra-chunk products are batched matmuls over all chunks at once; the recurrence
+    R_[i] = γ^chunk R_[i-1] + K_[i]ᵀ(V_[i] ⊙ ζ) is `chunks` steps of one fused multiply-add
+    on (B, H, hs, hv). Costs B·H·T·chunk·(hs + hv) inside chunks and 2·B·H·T·hs·hv to build
+    and read the states; materializes (B, H, chunks, chunk, chunk) and one (hs, hv) state
+    per chunk. The final state comes from the last chunk's real positions (its zero padding
+    would count in the decay).
     """
-    C = min(chunk_size, q.shape[2])                 # a chunk never longer than the sequence
-    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    chunk = min(chunk_size, q.shape[2])             # a chunk never longer than the sequence
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, chunk, 2) for t in (q, k, v))
     B, H, Tp, hs = q.shape
-    n = Tp // C
-    # one copy each into contiguous chunks (B, n, H, C, .), rather than one in every matmul
-    q, k, v = (t.view(B, H, n, C, -1).transpose(1, 2).contiguous() for t in (q, k, v))
-    y = ((q @ k.transpose(-1, -2)) * _decay_matrix(gamma, C)) @ v             # (B, n, H, C, hv)
-    adds = _state_after(k, v, gamma)                # chunk c's own sum at its end (B, n, H, hs, hv)
+    chunks = Tp // chunk
+    # one copy each into contiguous chunks (B, chunks, H, chunk, .), not one in every matmul
+    q, k, v = (t.view(B, H, chunks, chunk, -1).transpose(1, 2).contiguous() for t in (q, k, v))
+    y = ((q @ k.transpose(-1, -2)) * _decay_matrix(gamma, chunk)) @ v  # (B, chunks, H, chunk, hv)
+    adds = _state_after(k, v, gamma)       # each chunk's own sum at its end (B, chunks, H, hs, hv)
     states = [torch.zeros_like(adds[:, 0]) if state is None else state]
-    for c in range(n - 1):                          # the states entering each chunk
-        states.append(torch.addcmul(adds[:, c], gamma[:, None, None] ** C, states[-1]))
+    for i in range(chunks - 1):                     # the states entering each chunk
+        states.append(torch.addcmul(adds[:, i], gamma[:, None, None] ** chunk, states[-1]))
     y = y + _read_state(q, gamma, torch.stack(states, 1))
-    r = T - (n - 1) * C                             # the last chunk's real positions
+    r = T - (chunks - 1) * chunk                    # the last chunk's real positions
     final = _state_after(k[:, -1, :, :r], v[:, -1, :, :r], gamma, states[-1])
     return y.transpose(1, 2).reshape(B, H, Tp, -1)[:, :, :T], final
 
@@ -1259,7 +1277,7 @@ RETENTION_IMPLS = {"fast": retention_chunkwise, "reference": retention_recurrent
 
 
 class RetNet(Mixer):
-    """Multi-scale retention: H heads with γ_h = 1 - 2^(-5-h), group norm, swish gate.
+    """Multi-scale retention: H heads, head j with γ = 1 - 2^(-5-j), group norm, swish gate.
 
     MSR(X) = (swish(X W_G) ⊙ GroupNorm_H(retention heads)) W_O (RetNet §2.2), k scaled by
     1/√hs. Simplifications, named: value heads have the key's size hs (RetNet doubles them);
@@ -1285,8 +1303,8 @@ class RetNet(Mixer):
     def _heads(self, x):
         *lead, d = x.shape
         hs = d // self.num_heads
-        q, k, v = (p(x).view(*lead, self.num_heads, hs) for p in (self.q_proj, self.k_proj,
-                                                                   self.v_proj))
+        q, k, v = (proj(x).view(*lead, self.num_heads, hs)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
         return q, k / math.sqrt(hs), v
 
     def _output(self, x, y):
@@ -1319,7 +1337,8 @@ class RetNet(Mixer):
 # The state, S = Σ_j φ(k_j)ᵀ v_j and z = Σ_j φ(k_j), is kept in the features of
 # taylor_feature_map_compact: the same kernel, fewer features.
 # Every form takes (q, k, v, state=None, chunk_size): q, k (B, H, T, d'), v (B, H, T, hv),
-# state (S (B, H, F, hv), z (B, H, F)) before the first position (None: zeros); chunk_size
+# state (S (B, H, features, hv), z (B, H, features)) before the first position (None: zeros),
+# `features` = 1 + d' + d'(d'+1)/2 of taylor_feature_map_compact; chunk_size
 # is the chunked form's, the others ignore it. Each returns (y, the state after the last
 # position).
 
@@ -1333,16 +1352,16 @@ def taylor_feature_map(x):
 
 
 def taylor_feature_map_compact(x):
-    """φ with each product x_a x_b once (a <= b): (..., d') -> (..., 1 + d' + d'(d'+1)/2).
+    """φ with each product x_i x_j once (i <= j): (..., d') -> (..., 1 + d' + d'(d'+1)/2).
 
-    x xᵀ is symmetric, so the pair (a, b), a < b, stands for both of its entries with
+    x xᵀ is symmetric, so the pair (i, j), i < j, stands for both of its entries with
     weight √2 (its product in φ(q)·φ(k) counts twice): the same kernel 1 + s + s²/2 with
     153 features instead of 273 for d' = 16. Every form's state is in these features (Based's
     code keeps all d'² products, a state 1.8 times as large for the same function).
     """
     feature_dim = x.shape[-1]
-    off = x / math.sqrt(feature_dim)            # x_a x_b / √d' = √2 · (x_a x_b / √(2d'))
-    rows = [x[..., a:a + 1] * off[..., a + 1:] for a in range(feature_dim - 1)]
+    off = x / math.sqrt(feature_dim)            # x_i x_j / √d' = √2 · (x_i x_j / √(2d'))
+    rows = [x[..., i:i + 1] * off[..., i + 1:] for i in range(feature_dim - 1)]
     return torch.cat([torch.ones_like(x[..., :1]), x / feature_dim ** 0.25,
                       x * x / math.sqrt(2 * feature_dim), *rows], dim=-1)
 
@@ -1362,8 +1381,8 @@ def _read_linear_state(fq, state):
 
 def based_parallel(q, k, v, state=None, chunk_size=None):
     """The quadratic form: the causal (T, T) kernel matrix. Materializes (B, H, T, T)."""
-    A = torch.tril(_taylor_kernel(q, k))                                      # (B, H, T, T)
-    num, den = A @ v, A.sum(-1)
+    kernel = torch.tril(_taylor_kernel(q, k))                                 # (B, H, T, T)
+    num, den = kernel @ v, kernel.sum(-1)
     fk = taylor_feature_map_compact(k)
     S, z = fk.transpose(-1, -2) @ v, fk.sum(-2)
     if state is not None:
@@ -1374,11 +1393,11 @@ def based_parallel(q, k, v, state=None, chunk_size=None):
 
 def based_recurrent(q, k, v, state=None, chunk_size=None):
     """The recurrent form: S_t = S_{t-1} + φ(k_t)ᵀ v_t, z_t = z_{t-1} + φ(k_t),
-    y_t = φ(q_t) S_t / φ(q_t)·z_t. T Python steps; state F·hv + F per head."""
-    fq, fk = taylor_feature_map_compact(q), taylor_feature_map_compact(k)     # (B, H, T, F)
-    B, H, T, Fd = fq.shape
-    S, z = (q.new_zeros(B, H, Fd, v.shape[-1]), q.new_zeros(B, H, Fd)) if state is None \
-        else state
+    y_t = φ(q_t) S_t / φ(q_t)·z_t. T Python steps; state features·hv + features per head."""
+    fq, fk = taylor_feature_map_compact(q), taylor_feature_map_compact(k)  # (B, H, T, features)
+    B, H, T, features = fq.shape
+    S, z = (q.new_zeros(B, H, features, v.shape[-1]), q.new_zeros(B, H, features)) \
+        if state is None else state
     out = []
     for t in range(T):
         S = S + fk[:, :, t, :, None] * v[:, :, t, None, :]
@@ -1389,36 +1408,39 @@ def based_recurrent(q, k, v, state=None, chunk_size=None):
 
 
 def based_chunkwise(q, k, v, state=None, chunk_size=64):
-    """The chunked form: the kernel matrix inside chunks of C, the state S, z across them.
+    """The chunked form: the kernel matrix inside chunks of `chunk` positions, the state S, z
+    across them.
 
-    Inside a chunk: B·H·T·C·(d' + hv) multiply-adds. Across chunks the states are sums of
-    φ(k)ᵀv over the earlier chunks; building and reading them, 2·B·H·T·F·hv, is the dominant
-    cost (F = 1 + d' + d'(d'+1)/2, the compact features). Materializes (B, H, n, C, C), the
-    features of every q and k, and one (F, hv) state per chunk.
+    Inside a chunk: B·H·T·chunk·(d' + hv) multiply-adds. Across chunks the states are sums of
+    φ(k)ᵀv over the earlier chunks; building and reading them, 2·B·H·T·features·hv, is the
+    dominant cost (features = 1 + d' + d'(d'+1)/2, the compact ones). Materializes
+    (B, H, chunks, chunk, chunk), the features of every q and k, and one (features, hv)
+    state per chunk.
     """
-    C = min(chunk_size, q.shape[2])                 # a chunk never longer than the sequence
-    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
+    chunk = min(chunk_size, q.shape[2])             # a chunk never longer than the sequence
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, chunk, 2) for t in (q, k, v))
     B, H, Tp, _ = q.shape
-    n = Tp // C
+    chunks = Tp // chunk
     # one copy each into contiguous chunks, rather than one inside every matmul below
-    q, k, v = (t.contiguous().view(B, H, n, C, -1) for t in (q, k, v))      # (B, H, n, C, .)
-    A = torch.tril(_taylor_kernel(q, k))                                      # (B, H, n, C, C)
-    fq, fk = taylor_feature_map_compact(q), taylor_feature_map_compact(k)     # (B, H, n, C, F)
+    q, k, v = (t.contiguous().view(B, H, chunks, chunk, -1)
+               for t in (q, k, v))                                      # (B, H, chunks, chunk, .)
+    kernel = torch.tril(_taylor_kernel(q, k))                      # (B, H, chunks, chunk, chunk)
+    fq, fk = (taylor_feature_map_compact(t) for t in (q, k))    # (B, H, chunks, chunk, features)
     # states entering each chunk: running sums over the earlier chunks, S by a loop over the
-    # n chunks (several times faster than torch.cumsum along dimension 2, which strides
+    # chunks (several times faster than torch.cumsum along dimension 2, which strides
     # through memory), the small z by cumsum
-    adds = fk.transpose(-1, -2) @ v                                           # (B, H, n, F, hv)
+    adds = fk.transpose(-1, -2) @ v                               # (B, H, chunks, features, hv)
     S0, z0 = (torch.zeros_like(adds[:, :, 0]), torch.zeros_like(fk[:, :, 0, 0])) \
         if state is None else state                                           # entering chunk 0
     S, states = S0, []
-    for c in range(n):
+    for i in range(chunks):
         states.append(S)
-        S = S + adds[:, :, c]
-    z = torch.cumsum(fk.sum(3), 2)                  # (B, H, n, F); padding has φ(0) ≠ 0,
+        S = S + adds[:, :, i]
+    z = torch.cumsum(fk.sum(3), 2)          # (B, H, chunks, features); padding has φ(0) ≠ 0,
     z_final = z0 + fk.flatten(2, 3)[:, :, :T].sum(2)    # so the final z skips it
     z = F.pad(z, (0, 0, 1, -1)) + z0[:, :, None]                             # entering
     num, den = _read_linear_state(fq, (torch.stack(states, 2), z))
-    num, den = A @ v + num, A.sum(-1) + den
+    num, den = kernel @ v + num, kernel.sum(-1) + den
     return (num / den[..., None]).reshape(B, H, Tp, -1)[:, :, :T], (S, z_final)
 
 
@@ -1436,8 +1458,8 @@ class Based(Mixer):
     at feature_dim=8, one head; the official layer (zoology/mixers/based.py, train_view
     "quadratic": our "parallel" form) adds 1e-12 to the denominator, which needs none here:
     the kernel 1 + s + s²/2 is at least 1/2.
-    State of `step`: S (F, d/H) and z (F,) per head in the compact features,
-    F = 1 + d' + d'(d'+1)/2: H·F·(d/H + 1) numbers.
+    State of `step`: S (features, d/H) and z (features,) per head in the compact features,
+    features = 1 + d' + d'(d'+1)/2: H·features·(d/H + 1) numbers.
     To copy: this class, BASED_IMPLS (based_chunkwise, based_recurrent, based_parallel, with
     taylor_feature_map_compact, _taylor_kernel, _read_linear_state, _pad_to_chunks), Mixer,
     check_choice, check_divides and check_positive.
@@ -1478,79 +1500,84 @@ class Based(Mixer):
         return self.out_proj(y.reshape(B, d)), state
 
     def state_size(self, t):
-        Fd = 1 + self.feature_dim + self.feature_dim * (self.feature_dim + 1) // 2
-        return self.num_heads * Fd * (self.out_proj.in_features // self.num_heads + 1) if t else 0
+        features = 1 + self.feature_dim + self.feature_dim * (self.feature_dim + 1) // 2
+        return self.num_heads * features * (self.out_proj.in_features // self.num_heads + 1) \
+            if t else 0
 
 
 # ----------------------------------------------------------------------------------------
 # Mamba, the selective SSM (Gu & Dao, 2023, Algorithm 2 and §3.6)
 #
-# h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t x_t      h, A = -exp(A_log): (d_inner, d_state)
-# y_t = C_t h_t + skip ⊙ x_t                     (skip: Mamba's D)
+# S_t = exp(Δ_t A) ⊙ S_{t-1} + Δ_t Bm_t x_t     S, A = -exp(A_log): (d_inner, d_state)
+# y_t = C_t S_t + skip ⊙ x_t                     (Bm, C, skip: Mamba's B, C, D; its h is S)
 # Both scans take (x, delta, A, Bm, Cm, skip, state=None, chunk_size): x, delta
-# (B, T, d_inner), A (d_inner, d_state), Bm, Cm (B, T, d_state), skip (d_inner,), state h
+# (B, T, d_inner), A (d_inner, d_state), Bm, Cm (B, T, d_state), skip (d_inner,), state S
 # (B, d_inner, d_state) before the first position (None: 0); chunk_size is the chunked
-# scan's, the sequential one ignores it. Each returns (y, h after the last position).
+# scan's, the sequential one ignores it. Each returns (y, S after the last position).
 
 
 def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=None):
     """The recurrence as written, one position at a time (T Python steps of
     B·d_inner·d_state)."""
     B, T, d_inner = x.shape
-    h = x.new_zeros(B, d_inner, A.shape[1]) if state is None else state
+    S = x.new_zeros(B, d_inner, A.shape[1]) if state is None else state
     out = []
     for t in range(T):
-        h = torch.exp(delta[:, t, :, None] * A) * h + \
+        S = torch.exp(delta[:, t, :, None] * A) * S + \
             (delta[:, t] * x[:, t])[:, :, None] * Bm[:, t, None, :]  # (B, d_inner, d_state)
-        out.append(torch.einsum("bdn,bn->bd", h, Cm[:, t]))
-    return torch.stack(out, 1) + skip * x, h                            # (B, T, d_inner)
+        out.append(torch.einsum("bdn,bn->bd", S, Cm[:, t]))
+    return torch.stack(out, 1) + skip * x, S                            # (B, T, d_inner)
 
 
 def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64):
-    """The same recurrence with the n = T/C chunks run side by side: C + n + C Python steps
-    instead of T, each C·B·d_inner·d_state numbers wide instead of B·d_inner·d_state:
+    """The same recurrence with its chunks = T/chunk chunks (chunk = chunk_size positions)
+    run side by side: chunk + chunks + chunk Python steps instead of T, each
+    chunks·B·d_inner·d_state numbers wide instead of B·d_inner·d_state:
 
-    1. every chunk scanned from a zero state, all n chunks at once (C steps): its end state;
+    1. every chunk scanned from a zero state, all chunks at once (`chunk` steps): its end
+       state;
     2. the state entering each chunk: the previous one times the chunk's total decay
-       exp(A · Σ_chunk Δ) plus that chunk's end state (n steps of B·d_inner·d_state);
-    3. every chunk scanned again, all at once, from its true entering state (C steps),
-       reading y_t = C_t h_t on the way.
+       exp(A · Σ_chunk Δ) plus that chunk's end state (`chunks` steps of B·d_inner·d_state);
+    3. every chunk scanned again, all at once, from its true entering state (`chunk` steps),
+       reading y_t = C_t S_t on the way.
     Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
     Cost: 2·B·T·d_inner·d_state exponentials and multiply-adds, twice the sequential scan's;
     the gain is the T Python steps (experiments/README.md, "Benchmarks": what else was tried).
     Materializes no (B, T, d_inner, d_state) tensor. The padding has Δ = 0 (decay 1, input 0),
     so the carry after the last chunk is the final state.
     """
-    C = min(chunk_size, x.shape[1])                 # a chunk never longer than the sequence
-    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
+    chunk = min(chunk_size, x.shape[1])             # a chunk never longer than the sequence
+    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, chunk, 1)
+                                            for t in (x, delta, Bm, Cm))
     B, Tp, d_inner = x.shape
-    n, d_state = Tp // C, A.shape[1]
+    chunks, d_state = Tp // chunk, A.shape[1]
     # e^{ΔA} = 2^{ΔA·log2 e}: PyTorch's exp2 is several times faster than exp on a CPU;
     # A2 is made contiguous so that the broadcast product below runs along d_inner
     A2 = (A.T / math.log(2)).contiguous()                               # (d_state, d_inner)
-    dc = delta.view(B, n, C, d_inner)                                     # (B, n, C, d_inner)
-    u = (delta * x).view(B, n, C, d_inner)                                # (B, n, C, d_inner)
-    Bc = Bm.view(B, n, C, d_state)
+    dc = delta.view(B, chunks, chunk, d_inner)                    # (B, chunks, chunk, d_inner)
+    u = (delta * x).view(B, chunks, chunk, d_inner)               # (B, chunks, chunk, d_inner)
+    Bc = Bm.view(B, chunks, chunk, d_state)
 
-    # h_t = e^{Δ_t A} h_{t-1} + B_t Δ_t x_t, every chunk; h (B, n, d_state, d_inner)
-    def step(j, h):
-        return torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * h,
+    # S_t = e^{Δ_t A} S_{t-1} + Bm_t Δ_t x_t, every chunk; S (B, chunks, d_state, d_inner)
+    def step(j, S):
+        return torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * S,
                              Bc[:, :, j, :, None], u[:, :, j, None])
 
-    h = x.new_zeros(B, n, d_state, d_inner)
-    for j in range(C):                                                        # 1.
-        h = step(j, h)
-    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)          # (B, n, d_state, d_inner)
+    S = x.new_zeros(B, chunks, d_state, d_inner)
+    for j in range(chunk):                                                    # 1.
+        S = step(j, S)
+    chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)     # (B, chunks, d_state, d_inner)
     carry = x.new_zeros(B, d_state, d_inner) if state is None else state.transpose(1, 2)
     entering = []
-    for c in range(n):                                                        # 2.
+    for i in range(chunks):                                                   # 2.
         entering.append(carry)
-        carry = torch.addcmul(h[:, c], chunk_decay[:, c], carry)
-    h, y = torch.stack(entering, 1), []
-    Cc = Cm.view(B, n, C, d_state).transpose(1, 2).contiguous()       # (B, C, n, d_state)
-    for j in range(C):                                                        # 3.
-        h = step(j, h)
-        y.append(Cc[:, j, :, None] @ h)                                 # (B, n, 1, d_inner)
+        carry = torch.addcmul(S[:, i], chunk_decay[:, i], carry)
+    S, y = torch.stack(entering, 1), []
+    Cc = Cm.view(B, chunks, chunk, d_state).transpose(1, 2).contiguous()
+    # Cc (B, chunk, chunks, d_state)
+    for j in range(chunk):                                                    # 3.
+        S = step(j, S)
+        y.append(Cc[:, j, :, None] @ S)                            # (B, chunks, 1, d_inner)
     y = torch.cat(y, 2).view(B, Tp, d_inner)                              # (B, T, d_inner)
     return (y + skip * x)[:, :T], carry.transpose(1, 2)
 
@@ -1560,12 +1587,12 @@ SCAN_IMPLS = {"fast": selective_scan_chunked, "reference": selective_scan_sequen
 
 class Mamba(Mixer):
     """The Mamba block: in_proj to (x, z); short causal depthwise conv and SiLU on x;
-    input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), B_t, C_t; the selective scan;
-    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: expand E = 2, d_state = 16 (Mamba's N),
+    input-dependent Δ = softplus(dt_proj(x W_Δ) + dt_bias), Bm_t, C_t; the selective scan;
+    y ⊙ SiLU(z); out_proj. Defaults as Mamba's: expand 2, d_state = 16 (Mamba's N),
     conv 4, dt_rank = ⌈d/16⌉.
 
     Initialised as Mamba initialises itself (Gu & Dao's mamba_simple.py, which the official
-    zoology/mixers/mamba.py copies): A S4D-real (A[:, n] = -(n+1)), skip = 1 (Mamba's D), Δ
+    zoology/mixers/mamba.py copies): A S4D-real (A[:, j] = -(j+1)), skip = 1 (Mamba's D), Δ
     log-uniform in [1e-3, 1e-1] through dt_bias = softplus⁻¹(Δ), dt_proj's weight
     U(±dt_rank^-1/2), the conv as PyTorch draws an nn.Conv1d, in_proj, x_proj and out_proj as
     PyTorch draws an nn.Linear. `keeps_own_init`: a model's default initialisation leaves all
@@ -1573,7 +1600,7 @@ class Mamba(Mixer):
     (its MambaBlock branch only rescales out_proj; train.init_weights). dt_bias is a
     separate parameter rather than dt_proj's bias (the official code marks that bias
     `_no_reinit` for the same reason).
-    State of `step`: h (d_inner, d_state) and the last conv inputs:
+    State of `step`: S (d_inner, d_state) and the last conv inputs:
     d_inner·(d_state + min(t, d_conv - 1)).
     To copy: this class, SCAN_IMPLS (selective_scan_chunked, selective_scan_sequential, with
     _pad_to_chunks), causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft,
@@ -1606,21 +1633,21 @@ class Mamba(Mixer):
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def _ssm_inputs(self, xc):
-        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), B_t, C_t (..., d_state)."""
+        """xc (..., d_inner) after conv and SiLU -> Δ (..., d_inner), Bm_t, C_t (..., d_state)."""
         dt, Bm, Cm = self.x_proj(xc).split(
             [self.dt_proj.in_features, self.d_state, self.d_state], dim=-1)
         return F.softplus(self.dt_proj(dt) + self.dt_bias), Bm, Cm
 
     def _mix(self, x, state, scan):
         """x (B, T, d) after `state` (None: the start), by `scan`: (y, the new state)."""
-        h, past = (None, None) if state is None else state
+        S, past = (None, None) if state is None else state
         xi, z = self.in_proj(x).chunk(2, dim=-1)                              # (B, T, d_inner)
         xc, past = causal_conv(xi, self.conv_weight, state=past)
         xc = F.silu(xc + self.conv_bias)
         delta, Bm, Cm = self._ssm_inputs(xc)
         A = -torch.exp(self.A_log)                                      # (d_inner, d_state)
-        y, h = scan(xc, delta, A, Bm, Cm, self.skip, h, self.chunk_size)
-        return self.out_proj(y * F.silu(z)), (h, past)
+        y, S = scan(xc, delta, A, Bm, Cm, self.skip, S, self.chunk_size)
+        return self.out_proj(y * F.silu(z)), (S, past)
 
     def forward(self, x):
         return self._mix(x, None, SCAN_IMPLS[self.impl])[0]
@@ -1641,11 +1668,11 @@ class Mamba(Mixer):
 # (programmatically, learned or at random: SelectiveAttention). Every key stays in the
 # cache: f only decides which rows (queries) produce output.
 # This reference computes every row and then zeroes the unselected ones; the saving the
-# paper is after (attention on k rows only) is not realised here.
+# paper is after (attention on a budget of rows only) is not realised here.
 
 
 def programmatic_selection(tokens):
-    """f[b, i] = 1 iff tokens[b, i] == tokens[b, j] for some j < i. tokens (B, T) -> bool.
+    """f[:, i] = 1 iff tokens[:, i] == tokens[:, j] for some j < i. tokens (B, T) -> bool.
 
     Materializes (B, T, T).
     """
@@ -1654,7 +1681,7 @@ def programmatic_selection(tokens):
 
 
 def first_repeats(tokens, budget):
-    """f[b, i] = 1 iff tokens[b, i] is the second occurrence of its token, and fewer than
+    """f[:, i] = 1 iff tokens[:, i] is the second occurrence of its token, and fewer than
     `budget` such rows came before i: attention once per recalled token, on a budget of
     rows. Causal. tokens (B, T) -> bool. On MQAR with a filler these are the queries (one
     per key-value pair) and the filler's second occurrence, not the filler's every repeat."""
@@ -1663,32 +1690,34 @@ def first_repeats(tokens, budget):
     return second & (second.cumsum(-1) <= budget)
 
 
-def selection_aux_loss(f, k):
-    """(1/N) · max(0, Σ_i f[i] - k) for each sequence, averaged over the batch. f (B, N)."""
-    return torch.relu(f.sum(-1) - k).mean() / f.shape[-1]
+def selection_aux_loss(f, budget):
+    """(1/N) · max(0, Σ_i f[i] - budget) for each sequence, averaged over the batch. f (B, N)."""
+    return torch.relu(f.sum(-1) - budget).mean() / f.shape[-1]
 
 
-def top_k_rows(scores, k):
-    """The paper's inference rule: keep the k highest-scoring rows of the WHOLE sequence.
+def top_k_rows(scores, budget):
+    """The paper's inference rule: keep the `budget` highest-scoring rows of the WHOLE
+    sequence.
 
     Not causal: whether row i is kept depends on the scores of rows after i.
     """
-    idx = scores.topk(min(k, scores.shape[-1]), dim=-1).indices
+    idx = scores.topk(min(budget, scores.shape[-1]), dim=-1).indices
     return torch.zeros_like(scores, dtype=torch.bool).scatter(-1, idx, True)
 
 
 class SelectiveAttention(Mixer):
     """Attention whose output rows are kept only where f(u)[i] = 1 (Section 5).
 
-    selection="learned" (default) gates with σ(u w + b). In training the gate is soft (the
-    row is multiplied by σ) and forward sets `aux_loss` to aux_weight·(1/N)·max(0, Σ σ - top_k)
-    for the training loop to add. At inference the row is kept iff σ > 0.5
-    (inference="threshold", the default): causal, so step == forward. inference="topk" is
-    the paper's rule, the top_k rows of the whole sequence; it is NOT causal (a row's fate
-    depends on later scores), so `step` refuses it. b starts at +2 (σ ≈ 0.88: every row
-    on, as attention) and is a separate parameter so a model's "biases 0" initialisation
-    leaves it alone. top_k defaults to N/4, aux_weight to 1. The official code's learned
-    selection is experiments/official.py's OfficialSelectiveAttention (form="official").
+    selection="learned" (default) gates with σ(u·gate + gate_bias). In training the gate is
+    soft (the row is multiplied by σ) and forward sets `aux_loss` to
+    aux_weight·(1/N)·max(0, Σ σ - top_k) for the training loop to add. At inference the row
+    is kept iff σ > 0.5 (inference="threshold", the default): causal, so step == forward.
+    inference="topk" is the paper's rule, the top_k rows of the whole sequence; it is NOT
+    causal (a row's fate depends on later scores), so `step` refuses it. gate_bias starts at
+    +2 (σ ≈ 0.88: every row on, as attention) and is a separate parameter so a model's
+    "biases 0" initialisation leaves it alone. top_k defaults to N/4, aux_weight to 1. The
+    official code's learned selection is experiments/official.py's OfficialSelectiveAttention
+    (form="official").
     selection="programmatic" needs the token ids (`takes_tokens`). It keeps every row whose
     token appeared before (on MQAR with the filler 0: every row after the context but the
     filler's first, N - 2D - 1 of N), or, given top_k, the first repeat of each token, the
@@ -1729,7 +1758,7 @@ class SelectiveAttention(Mixer):
             self.gate = nn.Parameter(torch.zeros(d_model))
             self.gate_bias = nn.Parameter(torch.tensor(2.0))
 
-    def _k(self, T):
+    def _budget(self, T):
         """The row budget for a sequence of T: top_k, else N/4."""
         return self.top_k if self.top_k is not None else max(1, T // 4)
 
@@ -1739,7 +1768,8 @@ class SelectiveAttention(Mixer):
     def random_rows(self, B, device):
         """A fresh, uniformly random set of exactly top_k of the seq_len rows for each of B
         examples: (B, seq_len) bool."""
-        return top_k_rows(torch.rand(B, self.seq_len, device=device), self._k(self.seq_len))
+        return top_k_rows(torch.rand(B, self.seq_len, device=device),
+                          self._budget(self.seq_len))
 
     def selection_mask(self, x, tokens=None):
         """f(u) for a whole sequence x (B, T, d): (B, T), soft in learned training mode.
@@ -1757,11 +1787,11 @@ class SelectiveAttention(Mixer):
                 raise ValueError(f"T={T} is not allowed: the random rows are drawn for "
                                  f"seq_len={self.seq_len} positions")
             return self.random_rows(B, x.device)[:, :T].to(x.dtype), None
-        f, k = self._gate(x), self._k(T)
-        aux_loss = self.aux_weight * selection_aux_loss(f, k)
+        f, budget = self._gate(x), self._budget(T)
+        aux_loss = self.aux_weight * selection_aux_loss(f, budget)
         if self.training:
             return f, aux_loss
-        keep = top_k_rows(f, k) if self.inference == "topk" else f > 0.5
+        keep = top_k_rows(f, budget) if self.inference == "topk" else f > 0.5
         return keep.to(x.dtype), aux_loss
 
     def forward(self, x, tokens=None):
@@ -1820,7 +1850,7 @@ class SelectiveAttention(Mixer):
 # does, and averages over the |S_i| distances that reach back into the sequence (s <= i),
 # so that a row with many matches stays on scale. Two rules choose S_i from the token ids:
 #   programmatic     the distances at which u_i occurred before: {s >= 1 : u_{i-s} = u_i}
-#   autocorrelation  the t lags of largest autocorrelation r_i(s) = #{j <= i : u_j = u_{j-s}}
+#   autocorrelation  the num_lags lags of largest autocorrelation r_i(s) = #{j <= i : u_j = u_{j-s}}
 #                    (ties to the smaller lag), the rule H.8 proposes, over the prefix
 #                    u_0..u_i so that the layer stays causal; at the last position it is
 #                    the whole sequence's rule (theory.top_lags).
@@ -1828,7 +1858,7 @@ class SelectiveAttention(Mixer):
 # need not be the key-query distances (the H.8 erratum that theory.check_thm_4_5 shows).
 
 def chosen_keys(tokens, filters, num_lags):
-    """S_i by key position, (B, T, T) bool: chosen[b, i, j] iff the lag i - j is in S_i
+    """S_i by key position, (B, T, T) bool: chosen[:, i, j] iff the lag i - j is in S_i
     (so j < i). Programmatic: u_j = u_i. Autocorrelation: the lags are counted and ranked
     as lags (r_i(s) over s = 1..i), then put back at their key positions j = i - s."""
     B, T = tokens.shape
@@ -1839,11 +1869,11 @@ def chosen_keys(tokens, filters, num_lags):
         return same
     flip = (i[:, None] - i[None, :]).clamp(min=0).expand(B, T, T)           # [i, x] = i - x
     reach = (i[None, :] <= i[:, None]) & (i[None, :] >= 1)                   # lags 1 <= s <= i
-    hits = same.gather(2, flip) & reach                                      # [b, i, s]
+    hits = same.gather(2, flip) & reach                                      # [:, i, s]
     r = hits.long().cumsum(1).masked_fill(~reach, -1)                       # r_i(s), s <= i
     top = torch.argsort(-r, dim=-1, stable=True)[..., :num_lags]           # ties: smaller s
     lags = torch.zeros_like(hits).scatter(-1, top, True) & reach
-    return lags.gather(2, flip) & earlier                                    # [b, i, j]
+    return lags.gather(2, flip) & earlier                                    # [:, i, j]
 
 
 def input_dependent_conv_reference(q, k, v, chosen):
@@ -1885,8 +1915,8 @@ class InputDependentConv(Mixer):
     trainable form of this layer and the official code has none, so Figure 2's lower rows
     are rebuilt here (experiments/README.md, "Figure 2 at cpu scale"). forward(x, tokens) and
     step(x_t, state, token) take the token ids, as selective attention does.
-    State of `step` after n tokens: the keys and values (2·n·d numbers), the n token ids,
-    and for "autocorrelation" the counts r(s) of the lags 1..n-1.
+    State of `step` after t tokens: the keys and values (2·t·d numbers), the t token ids,
+    and for "autocorrelation" the counts r(s) of the lags 1..t-1.
     To copy: this class, INPUT_DEPENDENT_CONV_IMPLS (input_dependent_conv_fast,
     input_dependent_conv_reference), chosen_keys, Mixer, check_choice and check_positive.
     """
@@ -1964,38 +1994,41 @@ def gla_recurrent(q, k, v, log_alpha, state=None, chunk_size=None):
 
 
 def gla_chunked(q, k, v, log_alpha, state=None, chunk_size=8):
-    """The chunked form: inside a chunk of C, o_i = Σ_{j<=i} (Σ_c q_ic k_jc e^{b_ic - b_jc}) v_j
-    with b the running sum of log α from the chunk's start; across the n chunks the state,
-    read as (q_i ⊙ e^{b_i}) S and carried as S ← e^{b_C} ⊙ S + Σ_j (k_j ⊙ e^{b_C - b_j})ᵀ v_j.
-    Every exponent is <= 0 (a decay), so nothing overflows however strong the gates are:
-    the inner products carry the per-channel decay between i and j as a (dk, C, C) table
-    instead of dividing by e^{b_j} (which a strong gate sends past float range); above the
-    diagonal the table is clamped to 1 and the scores masked. What each chunk writes, and
-    what each reads from the state entering it, are batched matrix products over all
-    chunks; only the n-step carry of the state is a Python loop.
-    Costs B·H·T·C·dk for the table, which is most of this form's time: channel-major, so
-    that its element-wise passes run over rows of C, and built in place.
+    """The chunked form: inside a chunk of `chunk` positions,
+    o_i = Σ_{j<=i} (Σ_ch q_i[ch] k_j[ch] e^{Λ_i[ch] - Λ_j[ch]}) v_j with Λ the running sum
+    of log α from the chunk's start; across the chunks the state, read as (q_i ⊙ e^{Λ_i}) S
+    and carried as S ← e^{Λ_end} ⊙ S + Σ_j (k_j ⊙ e^{Λ_end - Λ_j})ᵀ v_j, Λ_end the
+    chunk's last Λ. Every exponent is <= 0 (a decay), so nothing overflows however strong the gates
+    are: the inner products carry the per-channel decay between i and j as a
+    (dk, chunk, chunk) table instead of dividing by e^{Λ_j} (which a strong gate sends past
+    float range); above the diagonal the table is clamped to 1 and the scores masked. What
+    each chunk writes, and what each reads from the state entering it, are batched matrix
+    products over all chunks; only the carry of the state, one step a chunk, is a Python
+    loop.
+    Costs B·H·T·chunk·dk for the table, which is most of this form's time: channel-major, so
+    that its element-wise passes run over rows of `chunk`, and built in place.
     """
-    C = min(chunk_size, q.shape[2])
-    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
-    log_alpha, _ = _pad_to_chunks(log_alpha, C, 2)          # padding: decay 1, input 0
+    chunk = min(chunk_size, q.shape[2])
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, chunk, 2) for t in (q, k, v))
+    log_alpha, _ = _pad_to_chunks(log_alpha, chunk, 2)      # padding: decay 1, input 0
     B, H, Tp, dk = q.shape
-    n, dv = Tp // C, v.shape[-1]
-    q, k, log_alpha = (t.view(B, H, n, C, dk) for t in (q, k, log_alpha))
-    v = v.view(B, H, n, C, dv)
-    b = log_alpha.cumsum(3)                                                  # (B, H, n, C, dk)
-    bc, qc, kc = (t.transpose(-1, -2).contiguous() for t in (b, q, k))     # (B, H, n, dk, C)
-    decay = (bc[..., :, None] - bc[..., None, :]).clamp_(max=0).exp_()     # (B, H, n, dk, C, C)
-    scores = (decay * (qc[..., :, None] * kc[..., None, :])).sum(3).tril()   # (B, H, n, C, C)
+    chunks, dv = Tp // chunk, v.shape[-1]
+    q, k, log_alpha = (t.view(B, H, chunks, chunk, dk) for t in (q, k, log_alpha))
+    v = v.view(B, H, chunks, chunk, dv)
+    cum = log_alpha.cumsum(3)                                   # Λ (B, H, chunks, chunk, dk)
+    cum_c, qc, kc = (t.transpose(-1, -2).contiguous()
+                     for t in (cum, q, k))                      # (B, H, chunks, dk, chunk)
+    decay = (cum_c[..., :, None] - cum_c[..., None, :]).clamp_(max=0).exp_()
+    scores = (decay * (qc[..., :, None] * kc[..., None, :])).sum(3).tril()  # (.., chunk, chunk)
     o = scores @ v                                                           # within chunks
-    read, write = q * b.exp(), k * (b[..., -1:, :] - b).exp()
-    written = write.transpose(-1, -2) @ v                                    # (B, H, n, dk, dv)
-    carry = b[..., -1, :, None].exp()                                        # (B, H, n, dk, 1)
+    read, write = q * cum.exp(), k * (cum[..., -1:, :] - cum).exp()
+    written = write.transpose(-1, -2) @ v                               # (B, H, chunks, dk, dv)
+    carry = cum[..., -1, :, None].exp()                                 # (B, H, chunks, dk, 1)
     S = q.new_zeros(B, H, dk, dv) if state is None else state
     entering = []
-    for c in range(n):
+    for i in range(chunks):
         entering.append(S)
-        S = torch.addcmul(written[:, :, c], carry[:, :, c], S)
+        S = torch.addcmul(written[:, :, i], carry[:, :, i], S)
     o = o + read @ torch.stack(entering, 2)                                  # from past chunks
     return o.reshape(B, H, Tp, dv)[:, :, :T], S
 
@@ -2075,51 +2108,53 @@ class GLA(Mixer):
 # ----------------------------------------------------------------------------------------
 # Mamba-2, the SSD layer (Dao & Gu, 2024, "Transformers are SSMs", §7 and Listing 1)
 #
-# h_t = e^{Δ_t a_h} h_{t-1} + Δ_t x_t B_tᵀ,   y_t = h_t C_t + skip_h x_t   per head h:
-# h (P, d_state), a_h = -exp(A_log_h) one scalar per head (Mamba's is one per channel and
-# state), x_t (P,), B_t, C_t (d_state,) shared by the heads (one group).
+# S_t = e^{Δ_t a} S_{t-1} + Δ_t x_t Bm_tᵀ,   y_t = S_t C_t + skip x_t   per head:
+# S (P, d_state) (its paper's h), a = -exp(A_log) one scalar per head (Mamba's is one per
+# channel and state), x_t (P,), Bm_t, C_t (d_state,) shared by the heads (one group).
 # Both forms take (x, delta, a, Bm, Cm, state=None, chunk_size): x (B, T, H, P), delta
-# (B, T, H), a (H,), Bm, Cm (B, T, d_state), state h (B, H, P, d_state) before the first
-# position (None: 0). Each returns (y without the skip term, h after the last position).
+# (B, T, H), a (H,), Bm, Cm (B, T, d_state), state S (B, H, P, d_state) before the first
+# position (None: 0). Each returns (y without the skip term, S after the last position).
 
 
 def ssd_recurrent(x, delta, a, Bm, Cm, state=None, chunk_size=None):
     """The recurrence as written, one position at a time (T Python steps)."""
     B, T, H, P = x.shape
-    h = x.new_zeros(B, H, P, Bm.shape[-1]) if state is None else state
+    S = x.new_zeros(B, H, P, Bm.shape[-1]) if state is None else state
     out = []
     for t in range(T):
         decay = torch.exp(delta[:, t] * a)[:, :, None, None]                 # (B, H, 1, 1)
-        h = decay * h + (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
-        out.append(h @ Cm[:, t, None, :, None])                               # (B, H, P, 1)
-    return torch.cat(out, -1).permute(0, 3, 1, 2), h                          # (B, T, H, P)
+        S = decay * S + (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
+        out.append(S @ Cm[:, t, None, :, None])                               # (B, H, P, 1)
+    return torch.cat(out, -1).permute(0, 3, 1, 2), S                          # (B, T, H, P)
 
 
 def ssd_chunked(x, delta, a, Bm, Cm, state=None, chunk_size=64):
     """The SSD algorithm (Listing 1): a scalar decay per head makes a chunk's map a masked
-    attention, y_i = Σ_{j<=i} (C_i·B_j) e^{s_i - s_j} Δ_j x_j with s the running sum of Δa,
-    computed as matrix products; the state carries across the n chunks (n Python steps),
-    read as e^{s_i} C_i h and updated as e^{s_C} h + Σ_j e^{s_C - s_j} Δ_j x_j B_jᵀ. Every
-    exponent is <= 0. Costs B·H·T·C·(d_state + P) inside chunks and 2·B·H·T·P·d_state
-    across them."""
-    C = min(chunk_size, x.shape[1])
-    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, C, 1) for t in (x, delta, Bm, Cm))
+    attention, y_i = Σ_{j<=i} (C_i·Bm_j) e^{Λ_i - Λ_j} Δ_j x_j with Λ the running sum of Δa,
+    computed as matrix products; the state carries across the chunks (one Python step a
+    chunk), read as e^{Λ_i} C_i S and updated as
+    e^{Λ_end} S + Σ_j e^{Λ_end - Λ_j} Δ_j x_j Bm_jᵀ, Λ_end the chunk's last Λ. Every exponent
+    is <= 0. Costs B·H·T·chunk·(d_state + P) inside chunks of `chunk` positions and
+    2·B·H·T·P·d_state across them."""
+    chunk = min(chunk_size, x.shape[1])
+    (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, chunk, 1)
+                                            for t in (x, delta, Bm, Cm))
     B, Tp, H, P = x.shape
-    n, d_state = Tp // C, Bm.shape[-1]
-    u = (delta[..., None] * x).view(B, n, C, H, P).permute(0, 3, 1, 2, 4)    # (B, H, n, C, P)
-    s = (delta * a).view(B, n, C, H).permute(0, 3, 1, 2).cumsum(-1)          # (B, H, n, C)
-    Bc, Cc = Bm.view(B, 1, n, C, d_state), Cm.view(B, 1, n, C, d_state)
-    below = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
-    decay = torch.where(below, s[..., :, None] - s[..., None, :], -math.inf).exp()
-    y = ((Cc @ Bc.transpose(-1, -2)) * decay) @ u                            # (B, H, n, C, P)
-    write = (s[..., -1:] - s).exp()[..., None] * u                           # (B, H, n, C, P)
-    h = x.new_zeros(B, H, P, d_state) if state is None else state
+    chunks, d_state = Tp // chunk, Bm.shape[-1]
+    u = (delta[..., None] * x).view(B, chunks, chunk, H, P).permute(0, 3, 1, 2, 4)
+    cum = (delta * a).view(B, chunks, chunk, H).permute(0, 3, 1, 2).cumsum(-1)        # Λ
+    Bc, Cc = Bm.view(B, 1, chunks, chunk, d_state), Cm.view(B, 1, chunks, chunk, d_state)
+    below = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    decay = torch.where(below, cum[..., :, None] - cum[..., None, :], -math.inf).exp()
+    y = ((Cc @ Bc.transpose(-1, -2)) * decay) @ u                     # (B, H, chunks, chunk, P)
+    write = (cum[..., -1:] - cum).exp()[..., None] * u                # (B, H, chunks, chunk, P)
+    S = x.new_zeros(B, H, P, d_state) if state is None else state
     past = []
-    for c in range(n):
-        past.append(s[:, :, c, :, None].exp() * (Cc[:, :, c] @ h.transpose(-1, -2)))
-        h = s[:, :, c, -1, None, None].exp() * h + write[:, :, c].transpose(-1, -2) @ Bc[:, :, c]
+    for i in range(chunks):
+        past.append(cum[:, :, i, :, None].exp() * (Cc[:, :, i] @ S.transpose(-1, -2)))
+        S = cum[:, :, i, -1, None, None].exp() * S + write[:, :, i].transpose(-1, -2) @ Bc[:, :, i]
     y = y + torch.stack(past, 2)
-    return y.permute(0, 2, 3, 1, 4).reshape(B, Tp, H, P)[:, :T], h
+    return y.permute(0, 2, 3, 1, 4).reshape(B, Tp, H, P)[:, :T], S
 
 
 SSD_IMPLS = {"fast": ssd_chunked, "reference": ssd_recurrent}
@@ -2127,16 +2162,16 @@ SSD_IMPLS = {"fast": ssd_chunked, "reference": ssd_recurrent}
 
 class Mamba2(Mixer):
     """The Mamba-2 layer (Dao & Gu, 2024; mamba_ssm's Mamba2Simple): one projection to
-    (z, x, B, C, Δ); a short causal depthwise convolution and SiLU on (x, B, C); Δ =
+    (z, x, Bm, C, Δ); a short causal depthwise convolution and SiLU on (x, Bm, C); Δ =
     softplus(Δ + dt_bias) per head; the SSD recurrence above with skip; RMSNorm(y ⊙ SiLU(z))
     (norm after the gate, as Mamba2Simple); an output projection.
 
     Defaults: expand 2, d_state 64, headdim 64 (H = expand·d / headdim heads; None: 64, or
-    d_inner where that is smaller), conv 4, one group of B and C. Initialised as
-    Mamba2Simple: a_h = -U(1, 16), Δ log-uniform in [1e-3, 1e-1] through dt_bias, skip = 1,
+    d_inner where that is smaller), conv 4, one group of Bm and C. Initialised as
+    Mamba2Simple: a = -U(1, 16) per head, Δ log-uniform in [1e-3, 1e-1] through dt_bias, skip = 1,
     the conv as PyTorch draws an nn.Conv1d; no biases in the projections. `keeps_own_init`:
     a model's default initialisation leaves it so.
-    State of `step`: h, H·P·d_state numbers, and the last conv inputs,
+    State of `step`: S, H·P·d_state numbers, and the last conv inputs,
     min(t, d_conv - 1)·(d_inner + 2·d_state).
     To copy: this class, SSD_IMPLS (ssd_chunked, ssd_recurrent, with _pad_to_chunks),
     causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft, causal_conv_fast,
@@ -2172,7 +2207,7 @@ class Mamba2(Mixer):
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def _mix(self, u, state, scan):
-        """u (B, T, d) after `state` (None, or (h, the conv's past inputs)): (y, new state)."""
+        """u (B, T, d) after `state` (None, or (S, the conv's past inputs)): (y, new state)."""
         d_inner = self.out_proj.in_features
         z, xBC, dt = self.in_proj(u).split([d_inner, d_inner + 2 * self.d_state,
                                             self.skip.shape[0]], dim=-1)
@@ -2180,10 +2215,10 @@ class Mamba2(Mixer):
         x, Bm, Cm = F.silu(xBC + self.conv_bias).split([d_inner, self.d_state, self.d_state], -1)
         x = x.unflatten(-1, (-1, self.headdim))                              # (B, T, H, P)
         delta = F.softplus(dt + self.dt_bias)                                # (B, T, H)
-        y, h = scan(x, delta, -torch.exp(self.A_log), Bm, Cm,
+        y, S = scan(x, delta, -torch.exp(self.A_log), Bm, Cm,
                     None if state is None else state[0], chunk_size=self.chunk_size)
         y = (y + self.skip[:, None] * x).flatten(-2)                         # (B, T, d_inner)
-        return self.out_proj(self.norm(y * F.silu(z))), (h, past)
+        return self.out_proj(self.norm(y * F.silu(z))), (S, past)
 
     def forward(self, x):
         return self._mix(x, None, SSD_IMPLS[self.impl])[0]
@@ -2203,9 +2238,9 @@ class Mamba2(Mixer):
 # Linear Transformers with the Delta Rule"; Yang et al., 2025, "Gated Delta Networks")
 #
 # S_t = α_t (I - β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ,   o_t = S_tᵀ q_t   per head: S (dk, dv)
-# (α_t = 1: DeltaNet). With u_t = β_t (v_t - (α_t S_{t-1})ᵀ k_t) the update is
-# S_t = α_t S_{t-1} + k_t u_tᵀ: each step writes the correction of what the state recalls
-# for k_t. Both forms take (q, k, v, beta, log_alpha, state=None, chunk_size): q, k
+# (α_t = 1: DeltaNet). With e_t = β_t (v_t - (α_t S_{t-1})ᵀ k_t) the update is
+# S_t = α_t S_{t-1} + k_t e_tᵀ: each step writes the correction e_t of what the state
+# recalls for k_t. Both forms take (q, k, v, beta, log_alpha, state=None, chunk_size): q, k
 # (B, H, T, dk), v (B, H, T, dv), beta, log_alpha (B, H, T) (log_alpha None: DeltaNet),
 # state S (B, H, dk, dv) before the first position (None: 0). Each returns (o, S after the
 # last position). The layers scale q by dk^-1/2 before (as flash-linear-attention does).
@@ -2220,54 +2255,55 @@ def delta_rule_recurrent(q, k, v, beta, log_alpha=None, state=None, chunk_size=N
         if log_alpha is not None:
             S = log_alpha[:, :, t, None, None].exp() * S
         k_t = k[:, :, t]
-        u = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k_t))
-        S = S + k_t[..., None] * u[..., None, :]
+        e_t = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", S, k_t))
+        S = S + k_t[..., None] * e_t[..., None, :]
         out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, :, t]))
     return torch.stack(out, 2), S                                            # (B, H, T, dv)
 
 
 def delta_rule_chunked(q, k, v, beta, log_alpha=None, state=None, chunk_size=16):
     """The chunkwise form (the WY representation of Yang et al., 2024, with the gate of
-    Yang et al., 2025). In a chunk of C, with γ the running sum of log α from its start and
-    S_0 the state entering it, the corrections solve a unit lower-triangular system,
-        (I + diag(β) L) U = diag(β) (V - diag(e^γ) K S_0),  L_jm = e^{γ_j - γ_m} k_j·k_m (m < j),
-    so U = U_0 - W S_0 (U_0, W: one triangular solve for all chunks at once); then
-        O = P U + diag(e^γ) Q S_0,   P_im = e^{γ_i - γ_m} q_i·k_m (m <= i),
-        S_C = e^{γ_C} S_0 + (K ⊙ e^{γ_C - γ})ᵀ U.
-    Only the state's carry runs chunk by chunk (n Python steps of matrix products); what
-    each chunk reads from the state entering it is one batched product after. Every
-    exponent is <= 0 (above the diagonal, clamped to 1 and masked). Costs
-    B·H·T·C·(dk + dv) for the chunks' matrices and the solve.
+    Yang et al., 2025). In a chunk of `chunk` positions, with Λ the running sum of log α from
+    its start and S_0 the state entering it, the corrections E (rows e_t) solve a unit
+    lower-triangular system,
+        (I + diag(β) G) E = diag(β) (V - diag(e^Λ) K S_0),  G_jm = e^{Λ_j - Λ_m} k_j·k_m (m < j),
+    so E = E_v - E_k S_0 (E_v, E_k: one triangular solve for all chunks at once); then
+        O = P E + diag(e^Λ) Q S_0,   P_im = e^{Λ_i - Λ_m} q_i·k_m (m <= i),
+        S_end = e^{Λ_end} S_0 + (K ⊙ e^{Λ_end - Λ})ᵀ E,   Λ_end the chunk's last Λ.
+    Only the state's carry runs chunk by chunk (one Python step of matrix products a
+    chunk); what each chunk reads from the state entering it is one batched product after.
+    Every exponent is <= 0 (above the diagonal, clamped to 1 and masked). Costs
+    B·H·T·chunk·(dk + dv) for the chunks' matrices and the solve.
     """
-    C = min(chunk_size, q.shape[2])
-    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, C, 2) for t in (q, k, v))
-    beta, _ = _pad_to_chunks(beta, C, 2)                     # padding: β = 0, nothing written
+    chunk = min(chunk_size, q.shape[2])
+    (q, T), (k, _), (v, _) = (_pad_to_chunks(t, chunk, 2) for t in (q, k, v))
+    beta, _ = _pad_to_chunks(beta, chunk, 2)                 # padding: β = 0, nothing written
     B, H, Tp, dk = q.shape
-    n, dv = Tp // C, v.shape[-1]
-    q, k = q.view(B, H, n, C, dk), k.view(B, H, n, C, dk)
-    v, beta = v.view(B, H, n, C, dv), beta.view(B, H, n, C, 1)
-    L, P = k @ k.transpose(-1, -2), q @ k.transpose(-1, -2)                 # (B, H, n, C, C)
+    chunks, dv = Tp // chunk, v.shape[-1]
+    q, k = q.view(B, H, chunks, chunk, dk), k.view(B, H, chunks, chunk, dk)
+    v, beta = v.view(B, H, chunks, chunk, dv), beta.view(B, H, chunks, chunk, 1)
+    G, P = k @ k.transpose(-1, -2), q @ k.transpose(-1, -2)       # (B, H, chunks, chunk, chunk)
     if log_alpha is None:                                  # no gate: every decay is 1
         gated_q, gated_k, write = q, k, k.transpose(-1, -2)
     else:
-        gamma = _pad_to_chunks(log_alpha, C, 2)[0].view(B, H, n, C).cumsum(-1)
-        decay = (gamma[..., :, None] - gamma[..., None, :]).clamp_(max=0).exp_()  # e^{γ_i - γ_m}
-        L, P = decay * L, decay * P
-        gated_q, gated_k = gamma.exp()[..., None] * q, gamma.exp()[..., None] * k
-        write = (k * (gamma[..., -1:] - gamma).exp()[..., None]).transpose(-1, -2)
-        carry = gamma[..., -1, None, None].exp()                             # (B, H, n, 1, 1)
-    # I + diag(β) L: a unit lower-triangular solve reads only below the diagonal, so L's
+        cum = _pad_to_chunks(log_alpha, chunk, 2)[0].view(B, H, chunks, chunk).cumsum(-1)  # Λ
+        decay = (cum[..., :, None] - cum[..., None, :]).clamp_(max=0).exp_()  # e^{Λ_i - Λ_m}
+        G, P = decay * G, decay * P
+        gated_q, gated_k = cum.exp()[..., None] * q, cum.exp()[..., None] * k
+        write = (k * (cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2)
+        carry = cum[..., -1, None, None].exp()                          # (B, H, chunks, 1, 1)
+    # I + diag(β) G: a unit lower-triangular solve reads only below the diagonal, so G's
     # diagonal and upper half stay as they are
-    U0, W = torch.linalg.solve_triangular(beta * L, beta * torch.cat([v, gated_k], -1),
-                                          upper=False, unitriangular=True).split([dv, dk], -1)
-    P = P.masked_fill_(~torch.ones(C, C, dtype=torch.bool, device=q.device).tril(), 0)
-    O0, read = P @ U0, gated_q - P @ W
+    E_v, E_k = torch.linalg.solve_triangular(beta * G, beta * torch.cat([v, gated_k], -1),
+                                             upper=False, unitriangular=True).split([dv, dk], -1)
+    P = P.masked_fill_(~torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril(), 0)
+    O0, read = P @ E_v, gated_q - P @ E_k
     S = q.new_zeros(B, H, dk, dv) if state is None else state
     entering = []
-    for c in range(n):
+    for i in range(chunks):
         entering.append(S)
-        update = write[:, :, c] @ (U0[:, :, c] - W[:, :, c] @ S)
-        S = S + update if log_alpha is None else torch.addcmul(update, carry[:, :, c], S)
+        update = write[:, :, i] @ (E_v[:, :, i] - E_k[:, :, i] @ S)
+        S = S + update if log_alpha is None else torch.addcmul(update, carry[:, :, i], S)
     out = O0 + read @ torch.stack(entering, 2)
     return out.reshape(B, H, Tp, dv)[:, :, :T], S
 
@@ -2393,52 +2429,56 @@ def dplr_recurrent(r, k, v, log_w, alpha, beta, state=None, chunk_size=None):
 
 
 def dplr_chunked(r, k, v, log_w, alpha, beta, state=None, chunk_size=8):
-    """The chunkwise form. In a chunk of C, with γ_i the running sum of log w from its start
-    (per key channel) and S_0 the state entering it, the recalled values z_j = α_jᵀ S_{j-1}
-    solve a unit lower-triangular system,
-        (I - A_αβ) Z = A_αk V + (α ⊙ e^{γ_{j-1}}) S_0,
-    A_αx[j, m] = Σ_c α_jc x_mc e^{γ_{j-1,c} - γ_mc} (m < j), so Z = Z_0 + W S_0; then
-        O = A_rβ Z + A_rk V + (r ⊙ e^γ) S_0,   A_rx[i, m] = Σ_c r_ic x_mc e^{γ_ic - γ_mc} (m <= i),
-        S_C = e^{γ_C} ⊙ S_0 + Σ_m e^{γ_C - γ_m} ⊙ (β_m z_mᵀ + k_m v_mᵀ).
-    The pairwise decays are (dk, C, C) tables, one for the rows of A_α· and one for A_r·
-    (a per-channel decay has no rank-1 form that is stable, as GLA's); every exponent is
-    <= 0. Only the state runs chunk by chunk.
+    """The chunkwise form. In a chunk of `chunk` positions, with Λ_i the running sum of log w
+    from its start (per key channel) and S_0 the state entering it, the recalled values
+    z_j = α_jᵀ S_{j-1} solve a unit lower-triangular system,
+        (I - G_αβ) Z = G_αk V + (α ⊙ e^{Λ_{j-1}}) S_0,
+    G_αx[j, m] = Σ_ch α_j[ch] x_m[ch] e^{Λ_{j-1}[ch] - Λ_m[ch]} (m < j), so Z = Z_v + Z_α S_0;
+    then
+        O = G_rβ Z + G_rk V + (r ⊙ e^Λ) S_0,
+        G_rx[i, m] = Σ_ch r_i[ch] x_m[ch] e^{Λ_i[ch] - Λ_m[ch]} (m <= i),
+        S_end = e^{Λ_end} ⊙ S_0 + Σ_m e^{Λ_end - Λ_m} ⊙ (β_m z_mᵀ + k_m v_mᵀ),
+    Λ_end the chunk's last Λ. The pairwise decays are (dk, chunk, chunk) tables, one for the
+    rows of G_α· and one for G_r· (a per-channel decay has no rank-1 form that is stable, as
+    GLA's); every exponent is <= 0. Only the state runs chunk by chunk.
     """
-    C = min(chunk_size, r.shape[2])
-    (r, T), (k, _), (v, _), (alpha, _), (beta, _) = (_pad_to_chunks(t, C, 2)
+    chunk = min(chunk_size, r.shape[2])
+    (r, T), (k, _), (v, _), (alpha, _), (beta, _) = (_pad_to_chunks(t, chunk, 2)
                                                      for t in (r, k, v, alpha, beta))
-    log_w, _ = _pad_to_chunks(log_w, C, 2)                   # padding: decay 1, nothing written
+    log_w, _ = _pad_to_chunks(log_w, chunk, 2)               # padding: decay 1, nothing written
     B, H, Tp, dk = r.shape
-    n, dv = Tp // C, v.shape[-1]
-    r, k, alpha, beta, log_w = (t.view(B, H, n, C, dk) for t in (r, k, alpha, beta, log_w))
-    v = v.view(B, H, n, C, dv)
-    gamma = log_w.cumsum(3)                                                  # γ_i, inclusive
-    before = gamma - log_w                                                   # γ_{j-1}
-    # channel-major (B, H, n, dk, C): the tables' element-wise passes run over rows of C
+    chunks, dv = Tp // chunk, v.shape[-1]
+    r, k, alpha, beta, log_w = (t.view(B, H, chunks, chunk, dk)
+                                for t in (r, k, alpha, beta, log_w))
+    v = v.view(B, H, chunks, chunk, dv)
+    cum = log_w.cumsum(3)                                                    # Λ_i, inclusive
+    before = cum - log_w                                                     # Λ_{j-1}
+    # channel-major (B, H, chunks, dk, chunk): the tables' element-wise passes run over rows
     rc, kc, ac, bc, gc, pc = (t.transpose(-1, -2).contiguous()
-                              for t in (r, k, alpha, beta, gamma, before))
-    ones = torch.ones(C, C, dtype=torch.bool, device=r.device)
+                              for t in (r, k, alpha, beta, cum, before))
+    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device)
 
-    def pairs(xc, gx, mask):          # A_y[i, m] = Σ_c x_ic y_mc e^{gx_ic - γ_mc} on the mask
+    # G_y[i, m] = Σ_ch x_i[ch] y_m[ch] e^{gx_i[ch] - Λ_m[ch]} on the mask
+    def pairs(xc, gx, mask):
         table = torch.where(mask, gx[..., :, None] - gc[..., None, :], -math.inf).exp_()
-        table = table * xc[..., :, None]                                # (B, H, n, dk, C, C)
+        table = table * xc[..., :, None]                    # (B, H, chunks, dk, chunk, chunk)
         return [(table * yc[..., None, :]).sum(3) for yc in (bc, kc)]        # y = β, k
 
-    (A_ab, A_ak), (A_rb, A_rk) = pairs(ac, pc, ones.tril(-1)), pairs(rc, gc, ones.tril())
-    # I - A_αβ: a unit lower-triangular solve reads only below the diagonal
-    solve = lambda rhs: torch.linalg.solve_triangular(-A_ab, rhs, upper=False,
+    (G_ab, G_ak), (G_rb, G_rk) = pairs(ac, pc, ones.tril(-1)), pairs(rc, gc, ones.tril())
+    # I - G_αβ: a unit lower-triangular solve reads only below the diagonal
+    solve = lambda rhs: torch.linalg.solve_triangular(-G_ab, rhs, upper=False,
                                                       unitriangular=True)
-    Z0, W = solve(A_ak @ v), solve(alpha * before.exp())                    # Z = Z0 + W S_0
-    O0, read = A_rb @ Z0 + A_rk @ v, r * gamma.exp() + A_rb @ W
-    fade = (gamma[..., -1:, :] - gamma).exp()                                # e^{γ_C - γ_m}
-    carry = gamma[..., -1, :, None].exp()                                    # (B, H, n, dk, 1)
+    Z_v, Z_alpha = solve(G_ak @ v), solve(alpha * before.exp())        # Z = Z_v + Z_α S_0
+    O0, read = G_rb @ Z_v + G_rk @ v, r * cum.exp() + G_rb @ Z_alpha
+    fade = (cum[..., -1:, :] - cum).exp()                                    # e^{Λ_end - Λ_m}
+    carry = cum[..., -1, :, None].exp()                                 # (B, H, chunks, dk, 1)
     faded_beta, written = (fade * beta).transpose(-1, -2), (fade * k).transpose(-1, -2) @ v
     S = r.new_zeros(B, H, dk, dv) if state is None else state
     out = []
-    for c in range(n):
-        out.append(O0[:, :, c] + read[:, :, c] @ S)
-        Z = Z0[:, :, c] + W[:, :, c] @ S
-        S = torch.addcmul(written[:, :, c] + faded_beta[:, :, c] @ Z, carry[:, :, c], S)
+    for i in range(chunks):
+        out.append(O0[:, :, i] + read[:, :, i] @ S)
+        Z = Z_v[:, :, i] + Z_alpha[:, :, i] @ S
+        S = torch.addcmul(written[:, :, i] + faded_beta[:, :, i] @ Z, carry[:, :, i], S)
     return torch.stack(out, 2).reshape(B, H, Tp, dv)[:, :, :T], S
 
 
@@ -2455,8 +2495,8 @@ class LoRA(nn.Module):
         self.activation = activation
 
     def forward(self, x):
-        h = self.down(x)
-        return self.up(h if self.activation is None else self.activation(h))
+        hidden = self.down(x)
+        return self.up(hidden if self.activation is None else self.activation(hidden))
 
 
 class RWKV7(Mixer):
@@ -2468,13 +2508,14 @@ class RWKV7(Mixer):
     log w = -e^{-1/2}·σ(LoRA_w(x_w)) (a decay per key channel, in (e^{-e^{-1/2}}, 1));
     a = σ(LoRA_a(x_a)); κ̂ = L2norm(k ⊙ k_k) per head; k̃ = k ⊙ (1 + (a - 1) ⊙ k_a); the
     recurrence above with α = -κ̂, β = κ̂ ⊙ a; GroupNorm per head; a bonus
-    (Σ_c r ⊙ k̃ ⊙ r_k) v per head; times g = LoRA_g(x_g) (a sigmoid inside); W_o.
+    (Σ_ch r ⊙ k̃ ⊙ r_k) v per head; times g = LoRA_g(x_g) (a sigmoid inside); W_o.
     LoRA ranks as fla's (32 at d <= 163). Initialised as fla's first layer (its values
-    depend on the layer's depth; ours are layer 0's): the mixes 1 - (n/d)^p (p = 0.2 for r
-    and g, 0.9 for w and a, 0.7 for k and v), k_k = 0.71 - 0.1·(n/(d-1) - 1/2), k_a =
-    1.02, r_k = -0.04, the decay's bias -6 + 6n/(d-1) + 1/2 + 2.5·zigzag (zigzag over each
-    head's channels, from -1 to 1, squared with its sign), a's bias -0.19 + 0.3·zigzag +
-    0.4·(n/(d-1) - 1/2), r, k (gain 0.1), v orthogonal; the output projection is left as
+    depend on the layer's depth; ours are layer 0's), over the channels i: the mixes
+    1 - (i/d)^power (power 0.2 for r and g, 0.9 for w and a, 0.7 for k and v),
+    k_k = 0.71 - 0.1·(i/(d-1) - 1/2), k_a = 1.02, r_k = -0.04, the decay's bias
+    -6 + 6i/(d-1) + 1/2 + 2.5·zigzag (zigzag over each head's channels, from -1 to 1,
+    squared with its sign), a's bias -0.19 + 0.3·zigzag + 0.4·(i/(d-1) - 1/2), r, k
+    (gain 0.1), v orthogonal; the output projection is left as
     PyTorch draws it (fla zeroes it, which leaves every other parameter without a gradient
     at the first step). `keeps_own_init`: a model's default initialisation leaves it so.
     State of `step`: S, H·dk·dv numbers, and the previous input, d.
@@ -2493,7 +2534,7 @@ class RWKV7(Mixer):
         check_choice("impl", impl, tuple(DPLR_IMPLS))
         d, H = d_model, d_model // head_dim
         self.num_heads, self.impl, self.chunk_size = H, impl, chunk_size
-        rank = lambda c: max(32, int(round(c * d ** 0.5 * head_dim / 64 / 32) * 32))
+        rank = lambda factor: max(32, int(round(factor * d ** 0.5 * head_dim / 64 / 32) * 32))
         self.mix = nn.Parameter(torch.zeros(6, d))                # μ for r, w, k, v, a, g
         self.k_k, self.k_a = nn.Parameter(torch.zeros(d)), nn.Parameter(torch.zeros(d))
         self.r_k = nn.Parameter(torch.zeros(H, head_dim))
@@ -2504,13 +2545,13 @@ class RWKV7(Mixer):
         self.g_lora = LoRA(d, d, max(32, int(round(5 * d ** 0.5 / 32) * 32)), torch.sigmoid,
                            bias=False)
         self.norm = nn.GroupNorm(H, d, eps=head_dim * 1e-5)
-        n = torch.arange(d, dtype=torch.float32)
-        linear = n / max(d - 1, 1) - 0.5
-        zigzag = ((n % head_dim) - (head_dim - 1) / 2) / max((head_dim - 1) / 2, 1)
+        i = torch.arange(d, dtype=torch.float32)
+        linear = i / max(d - 1, 1) - 0.5
+        zigzag = ((i % head_dim) - (head_dim - 1) / 2) / max((head_dim - 1) / 2, 1)
         zigzag = zigzag * zigzag.abs()
         with torch.no_grad():
             powers = torch.tensor([0.2, 0.9, 0.7, 0.7, 0.9, 0.2])[:, None]
-            self.mix.copy_(1 - (n / d) ** powers)
+            self.mix.copy_(1 - (i / d) ** powers)
             self.k_k.fill_(0.71).sub_(0.1 * linear)
             self.k_a.fill_(1.02), self.r_k.fill_(-0.04)
             self.w_lora.up.bias.copy_(-6 + 6 * (linear + 0.5) + 0.5 + 2.5 * zigzag)
@@ -2712,6 +2753,15 @@ def split_mixer(entry):
     return name, options
 
 
+def mixer_setting(layers):
+    """One (name, options) per layer as a `mixer` setting, the inverse of reading it (entries
+    joined by commas, each split_mixer's grammar; train.parse_layers):
+    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
+    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
+    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
+                    for name, options in layers)
+
+
 def option_value(text):
     """A mixer option's value from its text: int, float, true/false/none, or the text."""
     for kind in (int, float):
@@ -2865,7 +2915,8 @@ def check_gradients(build, B, T, d):
     m = build(torch.float32)
     seeded_forward(m, _inputs(B, T, d, torch.float32)).square().sum().backward()
     params = dict(m.named_parameters())
-    without = [n for n, p in params.items() if p.grad is None or not p.grad.abs().sum() > 0]
+    without = [name for name, p in params.items()
+               if p.grad is None or not p.grad.abs().sum() > 0]
     if without:
         return "fail", (f"{len(without)} of {len(params)} parameters get no gradient: "
                         f"{', '.join(without)}")
@@ -3016,17 +3067,12 @@ def check_command(entry, d_model=64, seq_len=64):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true",
-                        help="moved: python -m experiments --bench=mixers [--threads=COUNT]")
     parser.add_argument("--check", metavar="MIXER",
                         help="check the mixer contract on MIXER: path/to/file.py:Class, "
                              "package.module:Class or a name of MIXERS, with :key=value options")
     parser.add_argument("--d_model", type=int, default=64, help="d of --check (default 64)")
     parser.add_argument("--seq_len", type=int, default=64, help="T of --check (default 64)")
     args = parser.parse_args()
-    if args.bench:
-        parser.error("the benchmark is the lab's now: python -m experiments --bench=mixers "
-                     "[--threads=COUNT]")
     try:
         for key in ("d_model", "seq_len"):
             check_positive(key, getattr(args, key))

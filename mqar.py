@@ -8,7 +8,7 @@ Implements, in the order of the paper:
       language models and appendix G's sequences are the lab's: experiments/lm.py).
 
 Glossary (code name -> paper symbol):
-  vocab_size   c = |C|     vocabulary; keys come from [1, c/2), values from [c/2, c)
+  vocab_size   c           vocabulary size; keys come from [1, c/2), values from [c/2, c)
   seq_len      N           sequence length
   num_kv_pairs D           key-value pairs per example (= queries per example)
   power_a      α           power law of the query slots, P(g) ∝ α·(g+1)^(α-1)
@@ -67,14 +67,15 @@ def sample_distinct(rng, num_rows, k, low, high):
     """k distinct integers from [low, high) per row, uniformly over ordered k-tuples (up to
     float32 ties in the shuffle, noted below).
 
-    Floyd's algorithm, vectorized over rows: for j = M-k .. M-1 draw t uniform in [0, j];
-    take t unless this row already holds it, then take j. That gives a uniform k-subset
-    in O(rows·k²) work and O(rows·k) memory (never O(rows·M)); a random permutation per
-    row then makes the order uniform too. Returns int64 (num_rows, k).
+    Floyd's algorithm, vectorized over rows, on the span = high - low integers: for
+    j = span-k .. span-1 draw t uniform in [0, j]; take t unless this row already holds it,
+    then take j. That gives a uniform k-subset in O(rows·k²) work and O(rows·k) memory
+    (never O(rows·span)); a random permutation per row then makes the order uniform too.
+    Returns int64 (num_rows, k).
     """
-    M = high - low
-    assert 0 <= k <= M, (k, M)
-    j = np.arange(M - k, M)
+    span = high - low
+    assert 0 <= k <= span, (k, span)
+    j = np.arange(span - k, span)
     draws = (rng.random((num_rows, k)) * (j + 1)).astype(np.int64)        # t_i in [0, j_i]
     chosen = np.empty((num_rows, k), dtype=np.int64)
     for i in range(k):
@@ -175,7 +176,8 @@ def _fill_avoiding(rng, shape, vocab_size, sorted_avoid):
 
 def multiquery_ar_per_example(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4,
                               power_a=0.01, seed=0):
-    """The official algorithm one example at a time: the baseline of `--bench`.
+    """The official algorithm one example at a time: the baseline of the lab's
+    `python -m experiments --bench=mqar`.
 
     Same layout and distribution as `multiquery_ar` (filler 0), drawn the way the official
     code draws each row: numpy's legacy `choice(..., replace=False)` per example (here on a
@@ -326,13 +328,8 @@ def format_example(inputs, labels):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true",
-                        help="moved: python -m experiments --bench=mqar")
-    if parser.parse_args().bench:
-        parser.error("the benchmark is the lab's now: python -m experiments --bench=mqar")
-    else:
-        x, y = multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4, seed=0)
-        print("multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4): "
-              "keys, values, then each key queried once; its label is its value\n")
-        print(format_example(x[0], y[0]))
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
+    x, y = multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4, seed=0)
+    print("multiquery_ar(1, vocab_size=8192, seq_len=24, num_kv_pairs=4): "
+          "keys, values, then each key queried once; its label is its value\n")
+    print(format_example(x[0], y[0]))

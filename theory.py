@@ -27,14 +27,19 @@ Glossary (code name -> paper symbol):
   W          projection W in R^{d' x d'};   b1, b2 in R^{N' x d'} (position-dependent
              biases); h the filters, one per channel: the paper's h in R^{N' x d'} stored
              transposed, (d', N') with lag s in column s, as mixers.py stores filters (d, K)
-  c          vocabulary size |C|; D number of key-value pairs; b = ceil(log2 c) bits per token
-  s          shift / look-back distance; t number of interaction distances (Thm 4.5)
+  c          vocabulary size; D number of key-value pairs; b = ceil(log2 c) bits per token
+  s          shift / look-back distance; num_lags the number of interaction distances
+             (Thm 4.5's t, mixers.InputDependentConv's num_lags)
   d_model, T, H, hd, hs  in the Thm 4.2 section: a mixer's width d_model, its sequence
              length T (= N), heads H, H3's head_dim hd, RetNet's head size hs
-  n, size, depth, width   of an arithmetic circuit: n variables, s nodes, depth Delta, width w
+  n          the length of a vector (H.1: poly, coeff, the moduli X^n and X^n - 1)
+  num_vars, size, depth, width   an arithmetic circuit's variables, nodes, depth and width
+             (Def H.1)
   m          size of a K-matrix (a power of two)
-  c_k, c_v   numbers of keys and of values of the enumerated MQAR contexts (H.6); M the
-             number of contexts; d_k x d_v the RetNet state (d x d in the paper), gamma its decay
+  c_k, c_v   numbers of keys and of values of the enumerated MQAR contexts (H.6), `contexts`
+             their number; d_k x d_v the RetNet state (d x d in the paper), gamma its decay
+Spelled out rather than lettered, as in mixers.py: the gating matrix of `gate` (gates),
+Hyena's order (order); F is torch.nn.functional and M train.py's labelled positions.
 
 Conventions: 1-D convolutions act on the last axis ("vectors", H.1); in layers and models the
 sequence is the second-to-last axis of u (..., N, d) and every channel is convolved with its
@@ -46,7 +51,7 @@ float64 so that checks of exact constructions can use tight tolerances.
 Errata of the printed paper each have a test showing the printed form fails:
 shift_down uses the filter X^s (not X^{s+1}); cyclic convolution with the identity filter
 is the identity, it does not reverse; the attention construction needs a causal mask;
-top-t autocorrelation lags need not cover the needed distances; an FFT convolution needs
+the top autocorrelation lags need not cover the needed distances; an FFT convolution needs
 zero padding to 2N to be linear.
 
 Each claim has a check_...(seed) right below its construction, returning report rows
@@ -103,7 +108,7 @@ def poly_star(u):
 
 
 def coeff(p, n):
-    """coeff: F[X] -> F^n, the coefficients of degree 0..n-1 (H.1); missing ones are 0."""
+    """coeff: 𝔽[X] -> 𝔽^n, the coefficients of degree 0..n-1 (H.1); missing ones are 0."""
     return torch.nn.functional.pad(p, (0, n - p.shape[-1]))       # negative (n shorter): crops
 
 
@@ -166,8 +171,8 @@ def conv_fft(u, v):
 def cyclic_conv_direct(u, v):
     """Cyclic convolution (u ⊛ v)[i] = sum_j u[j] v[(i-j) mod n] (H.1). Materializes (n, n)."""
     n = u.shape[-1]
-    C = v[..., (torch.arange(n)[:, None] - torch.arange(n)[None, :]) % n]  # (..., n, n)
-    return torch.einsum("...ij,...j->...i", C, u)
+    circulant = v[..., (torch.arange(n)[:, None] - torch.arange(n)[None, :]) % n]  # (..., n, n)
+    return torch.einsum("...ij,...j->...i", circulant, u)
 
 
 def cyclic_conv_poly(u, v):
@@ -233,7 +238,7 @@ def check_convolutions(seed=0, sizes=(7, 64)):
 
 @dataclass(frozen=True)
 class Circuit:
-    """An n-variate arithmetic circuit (Def H.1): a DAG listed in topological order.
+    """An arithmetic circuit in num_vars variables (Def H.1): a DAG listed in topological order.
 
     Node k is ("var", i) for x_i, ("const", value), ("+", a, b) or ("*", a, b) with a, b < k
     (fan-in 2). The output is the last node.
@@ -245,8 +250,8 @@ class Circuit:
 def evaluate(circuit, x, modulus=None):
     """The polynomial computed at the output node, at x.
 
-    x: a tensor (..., n) (returns (...)), or a sequence of n Python ints; with `modulus`
-    the arithmetic is done modulo it (exact, for the degree test below).
+    x: a tensor (..., num_vars) (returns (...)), or a sequence of num_vars Python ints;
+    with `modulus` the arithmetic is done modulo it (exact, for the degree test below).
     """
     xs = x.unbind(-1) if torch.is_tensor(x) else list(x)
     if len(xs) != circuit.num_vars:
@@ -275,12 +280,12 @@ def levels(circuit):
 
 
 def size(circuit):
-    """s = the number of nodes (Def H.1)."""
+    """The number of nodes, the circuit's size (Def H.1)."""
     return len(circuit.nodes)
 
 
 def depth(circuit):
-    """Delta = the length (in edges) of the longest path from an input node to the output."""
+    """The depth: the length (in edges) of the longest path from an input node to the output."""
     return levels(circuit)[-1]
 
 
@@ -290,11 +295,11 @@ def _edges(circuit):
 
 
 def width(circuit):
-    """w = the most wires crossing one horizontal cut (Def H.1), made precise as follows.
+    """The width: the most wires crossing one horizontal cut (Def H.1), made precise as follows.
 
-    Place each node at its level; the cut between levels l and l+1 (l = 0..Delta-1) is
+    Place each node at its level; the cut between levels l and l+1 (l = 0..depth-1) is
     crossed by every edge a -> k with level(a) <= l < level(k). The width is the largest
-    such count over the Delta cuts (a circuit of depth 0 has width 1: its output wire).
+    such count over the `depth` cuts (a circuit of depth 0 has width 1: its output wire).
     Distinct values crossing a cut (`live_values`) are never more than the wires.
     """
     lev, edges = levels(circuit), _edges(circuit)
@@ -328,23 +333,23 @@ def expand(circuit):
     The reference for `degree`: exact, but the number of monomials can grow exponentially.
     """
     _check_integer_constants(circuit)
-    n, polys = circuit.num_vars, []
+    num_vars, polys = circuit.num_vars, []
     for node in circuit.nodes:
         if node[0] == "var":
-            p = {tuple(int(j == node[1]) for j in range(n)): 1}
+            p = {tuple(int(j == node[1]) for j in range(num_vars)): 1}
         elif node[0] == "const":
-            p = {(0,) * n: node[1]} if node[1] else {}
+            p = {(0,) * num_vars: node[1]} if node[1] else {}
         elif node[0] == "+":
             p = dict(polys[node[1]])
-            for m, a in polys[node[2]].items():
-                p[m] = p.get(m, 0) + a
+            for mono, a in polys[node[2]].items():
+                p[mono] = p.get(mono, 0) + a
         else:
             p = {}
-            for (m1, a1), (m2, a2) in itertools.product(polys[node[1]].items(),
-                                                        polys[node[2]].items()):
-                m = tuple(e1 + e2 for e1, e2 in zip(m1, m2))
-                p[m] = p.get(m, 0) + a1 * a2
-        polys.append({m: a for m, a in p.items() if a})
+            for (mono1, a1), (mono2, a2) in itertools.product(polys[node[1]].items(),
+                                                              polys[node[2]].items()):
+                mono = tuple(e1 + e2 for e1, e2 in zip(mono1, mono2))
+                p[mono] = p.get(mono, 0) + a1 * a2
+        polys.append({mono: a for mono, a in p.items() if a})
     return polys[-1]
 
 
@@ -360,27 +365,27 @@ PRIME = 2**61 - 1
 
 def degree_symbolic(circuit, seed=0):
     """deg of the output polynomial by expanding it (-1 for the zero polynomial)."""
-    return max((sum(m) for m in expand(circuit)), default=-1)
+    return max((sum(mono) for mono in expand(circuit)), default=-1)
 
 
 def degree_random(circuit, seed=0):
     """deg of the output polynomial, exact with probability >= 1 - deg/p (Schwartz-Zippel).
 
     Restrict p to a random line q(t) = p(a + t b) over Z_p, p = 2^61 - 1: deg q = deg p
-    unless the top homogeneous part of p vanishes at b. Evaluate q at t = 0..B
-    (B = degree_bound) and take the highest k whose k-th forward difference at 0 is nonzero:
+    unless the top homogeneous part of p vanishes at b. Evaluate q at t = 0..bound
+    (degree_bound) and take the highest k whose k-th forward difference at 0 is nonzero:
     for a polynomial of degree k < p that difference is k! times its leading coefficient.
-    Cost: B + 1 circuit evaluations, no expansion.
+    Cost: bound + 1 circuit evaluations, no expansion.
     """
     _check_integer_constants(circuit)
     rng = random.Random(seed)
     a = [rng.randrange(PRIME) for _ in range(circuit.num_vars)]
     b = [rng.randrange(PRIME) for _ in range(circuit.num_vars)]
-    B = degree_bound(circuit)
+    bound = degree_bound(circuit)
     diffs = [evaluate(circuit, [(ai + t * bi) % PRIME for ai, bi in zip(a, b)], PRIME)
-             for t in range(B + 1)]
+             for t in range(bound + 1)]
     deg = -1
-    for k in range(B + 1):
+    for k in range(bound + 1):
         if diffs[0] % PRIME:
             deg = k
         diffs = [(y1 - y0) % PRIME for y0, y1 in zip(diffs, diffs[1:])]
@@ -399,7 +404,7 @@ def degree(circuit, impl="random", seed=0):
 def random_circuit(num_vars, depth, width, seed, num_consts=2):
     """A random circuit of exactly the given depth, about `width` gates per level.
 
-    Level 0 holds x_0..x_{n-1} and `num_consts` integer constants from [-2, 2]. Each gate of
+    Level 0 holds x_0..x_{num_vars-1} and `num_consts` integer constants from [-2, 2]. Each gate of
     level l takes one operand from level l-1 and one from any earlier level, with + or x
     at random; the last level is one gate, the output. Nodes that do not reach the output
     are dropped, so size counts only nodes that matter.
@@ -443,13 +448,14 @@ def check_degree(seed=0, count=8):
                              ("+", 3, 4), ("+", 5, 0)))
     ok = (degree(cancelling, "random", seed) == degree(cancelling, "symbolic") == 1
           < degree_bound(cancelling) == 2)
-    for k, c in enumerate(cs):
-        x = torch.randn(c.num_vars, generator=g, dtype=DTYPE)
-        ref = sum(a * math.prod(x[j].item() ** e for j, e in enumerate(m))
-                  for m, a in expand(c).items())
-        ok &= (degree(c, "random", seed) == degree(c, "symbolic") <= degree_bound(c)
-               and depth(c) == 1 + k % 4 and all(len(l) <= width(c) for l in live_values(c))
-               and abs(evaluate(c, x).item() - ref) <= 1e-8 * (1 + abs(ref)))
+    for k, circuit in enumerate(cs):
+        x = torch.randn(circuit.num_vars, generator=g, dtype=DTYPE)
+        ref = sum(a * math.prod(x[j].item() ** e for j, e in enumerate(mono))
+                  for mono, a in expand(circuit).items())
+        ok &= (degree(circuit, "random", seed) == degree(circuit, "symbolic")
+               <= degree_bound(circuit) and depth(circuit) == 1 + k % 4
+               and all(len(l) <= width(circuit) for l in live_values(circuit))
+               and abs(evaluate(circuit, x).item() - ref) <= 1e-8 * (1 + abs(ref)))
     return [("Def H.1  degree (Schwartz-Zippel) = expanded", _ok(ok),
              f"{count} circuits, sizes {min(map(size, cs))}-{max(map(size, cs))}")]
 
@@ -458,7 +464,7 @@ def check_degree(seed=0, count=8):
 # H.2 the gated convolution model (Def H.2) and K-matrices (Def H.3, H.17)
 
 def embed(u, Np, dp):
-    """u' in R^{N' x d'} with u'[n, t] = u[n, t] if n < N and t < d, else 0 (Def H.2)."""
+    """u' in R^{N' x d'} with u'[i, j] = u[i, j] if i < N and j < d, else 0 (Def H.2)."""
     N, d = u.shape[-2:]
     if Np < N or dp < d:
         raise ValueError(f"inner dimension (Np, dp)=({Np}, {dp}) is not allowed: it must be "
@@ -492,12 +498,12 @@ def butterfly_factor_dense(twiddle):
     """
     blocks, _, half = twiddle.shape
     k, m = 2 * half, blocks * 2 * half
-    M = twiddle.new_zeros(m, m)
+    dense = twiddle.new_zeros(m, m)
     i = torch.arange(half)
     for blk, o in enumerate(range(0, m, k)):
-        for q, (r, c) in enumerate(((0, 0), (0, half), (half, 0), (half, half))):
-            M[o + r + i, o + c + i] = twiddle[blk, q]
-    return M
+        for q, (row, col) in enumerate(((0, 0), (0, half), (half, 0), (half, half))):
+            dense[o + row + i, o + col + i] = twiddle[blk, q]
+    return dense
 
 
 def butterfly_factor_apply(x, twiddle):
@@ -516,16 +522,17 @@ def butterfly_factor_adjoint(twiddle):
 
 
 def kmatrix_dense(factors):
-    """M = F_0 F_1 ... F_{r-1}, the product of butterfly factor matrices. Materializes (m, m)."""
-    M = butterfly_factor_dense(factors[0])
+    """The product of the butterfly factor matrices, factors[0] leftmost. Materializes (m, m)."""
+    product = butterfly_factor_dense(factors[0])
     for tw in factors[1:]:
-        M = M @ butterfly_factor_dense(tw)
-    return M
+        product = product @ butterfly_factor_dense(tw)
+    return product
 
 
 def kmatrix_apply(x, factors, impl="fast"):
-    """M x for each row x of (..., m), with M = F_0 ... F_{r-1}: "dense" multiplies by the
-    materialized matrix (O(m^2)), "fast" applies the factors right to left (O(r m))."""
+    """The K-matrix (kmatrix_dense's product of the r factors) times each row x of (..., m):
+    "dense" multiplies by the materialized matrix (O(m^2)), "fast" applies the factors right
+    to left (O(r m))."""
     check_choice("impl", impl, ("dense", "fast"))
     if impl == "dense":
         return x @ kmatrix_dense(factors).T
@@ -576,9 +583,9 @@ def random_kmatrix(m, w, generator):
     sizes = [m >> j for j in range(m.bit_length() - 1)]                      # m, m/2, ..., 2
     factors = []
     for _ in range(w):
-        B = [torch.randn(m // k, 4, k // 2, generator=generator, dtype=DTYPE) for k in sizes]
-        C = [torch.randn(m // k, 4, k // 2, generator=generator, dtype=DTYPE) for k in sizes]
-        factors += B + [butterfly_factor_adjoint(tw) for tw in reversed(C)]
+        butterfly, other = ([torch.randn(m // k, 4, k // 2, generator=generator, dtype=DTYPE)
+                             for k in sizes] for _ in range(2))
+        factors += butterfly + [butterfly_factor_adjoint(tw) for tw in reversed(other)]
     return factors
 
 
@@ -593,14 +600,14 @@ def check_kmatrices(seed=0, m=64, w=1):
     g, logm = torch.Generator().manual_seed(seed), m.bit_length() - 1
     factors, perm = dft_butterfly(m)
     j = torch.arange(m, dtype=DTYPE)
-    F = torch.exp(-2j * math.pi * torch.outer(j, j) / m)
+    dft_matrix = torch.exp(-2j * math.pi * torch.outer(j, j) / m)
     x = torch.randn(4, m, generator=g, dtype=DTYPE)
     xc = x.to(torch.complex128)
     nnz = sum(int((butterfly_factor_dense(tw) != 0).sum()) for tw in factors)
-    dft = (torch.allclose(kmatrix_dense(factors)[:, perm.argsort()], F, atol=1e-9)
+    dft = (torch.allclose(kmatrix_dense(factors)[:, perm.argsort()], dft_matrix, atol=1e-9)
            and torch.allclose(kmatrix_apply(xc[:, perm], factors), torch.fft.fft(xc), atol=1e-9)
            and len(factors) == logm and nnz == kmatrix_params(factors) == 2 * m * logm
-           and (m == 2 or not torch.allclose(kmatrix_dense(factors), F, atol=1e-3)))
+           and (m == 2 or not torch.allclose(kmatrix_dense(factors), dft_matrix, atol=1e-3)))
     K = random_kmatrix(m, w, g)
     fast = (torch.allclose(kmatrix_apply(x, K), kmatrix_apply(x, K, "dense"), atol=1e-9)
             and len(K) == 2 * w * logm and kmatrix_params(K) == 4 * w * m * logm
@@ -696,10 +703,11 @@ def convolution(h, cyclic=False):
     return [Layer(_zeros(dp, dp), _ones(Np, dp), h.to(DTYPE), _zeros(Np, dp), cyclic)]
 
 
-def gate(F, cyclic=False):
-    """u -> F ⊙ u in one layer (H.3): W = 0, h = e_0 (the identity filter), b1 = F, b2 = 0."""
-    Np, dp = F.shape
-    return [Layer(_zeros(dp, dp), F.to(DTYPE), impulse(Np, dp, 0), _zeros(Np, dp), cyclic)]
+def gate(gates, cyclic=False):
+    """u -> gates ⊙ u in one layer (H.3): W = 0, h = e_0 (the identity filter), b1 = gates,
+    b2 = 0."""
+    Np, dp = gates.shape
+    return [Layer(_zeros(dp, dp), gates.to(DTYPE), impulse(Np, dp, 0), _zeros(Np, dp), cyclic)]
 
 
 def identity(Np, dp, cyclic=False):
@@ -869,21 +877,22 @@ def key_query_distances(tokens, labels):
 
 
 def attention_plain(q, k, v, mask="strict", beta=None):
-    """(Q K^T ⊙ M) V without softmax (beta=None), or softmax(beta Q K^T + log M) V.
+    """(Q K^T ⊙ allowed) V without softmax (beta=None), or softmax(beta Q K^T + log allowed) V.
 
-    mask "strict": M[i, j] = [j < i]; "causal": [j <= i]; "none": all ones. A row whose
+    mask "strict": allowed[i, j] = [j < i]; "causal": [j <= i]; "none": all ones. A row whose
     mask is empty (row 0 under "strict") outputs 0. Materializes (B, N, N).
     """
     N = q.shape[-2]
     i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
     masks = {"strict": j < i, "causal": j <= i, "none": torch.ones(N, N, dtype=torch.bool)}
     check_choice("mask", mask, tuple(masks))
-    M = masks[mask]
+    allowed = masks[mask]
     scores = torch.einsum("bid,bjd->bij", q, k)                              # (B, N, N)
     if beta is None:
-        return torch.einsum("bij,bjd->bid", scores * M, v)
-    w = torch.softmax((beta * scores).masked_fill(~M, float("-inf")), dim=-1).nan_to_num(0.0)
-    return torch.einsum("bij,bjd->bid", w, v)
+        return torch.einsum("bij,bjd->bid", scores * allowed, v)
+    weights = torch.softmax((beta * scores).masked_fill(~allowed, float("-inf")),
+                            dim=-1).nan_to_num(0.0)
+    return torch.einsum("bij,bjd->bid", weights, v)
 
 
 def mqar_attention(tokens, c, softmax=False, mask="strict"):
@@ -1071,41 +1080,42 @@ def check_thm_4_4(seed=0, sizes=((16, 2, 32), (32, 4, 64), (64, 8, 128)),
 
 def mqar_input_dependent_layers(N, c, distances):
     """Thm 4.5: the BaseConv whose filters are chosen from the input (the distances), on
-    one-hot tokens. Group s has c channels M_s and c channels V_s; d' = 2 c t, N' = N, L = 4.
-      1. projection:  M_s <- u, V_s <- u
-      2. shift:       M_s <- u ⊙ shift_down(u, s)   (filter X^s)
+    one-hot tokens. Group s has c channels A_s and c channels V_s;
+    d' = 2 c num_lags (num_lags = len(distances), Thm 4.5's t), N' = N, L = 4.
+      1. projection:  A_s <- u, V_s <- u
+      2. shift:       A_s <- u ⊙ shift_down(u, s)   (filter X^s)
                       V_s <- shift_down(u, s - 1)   (filter X^{s-1}, the value after the key)
-      3. broadcast:   V_s <- match_s ⊙ V_s with match_s[i] = sum_a M_s^a[i] = [x_i = x_{i-s}]
-                      (W sums the M_s channels into every V_s channel)
+      3. broadcast:   V_s <- match_s ⊙ V_s with match_s[i] = sum_a A_s^a[i] = [x_i = x_{i-s}]
+                      (W sums the A_s channels into every V_s channel)
       4. sum:         out = sum_s V_s
-    Parameters: the N x d' filters, O(t N c) as in Thm 4.5 (W is a fixed 0/1 matrix).
+    Parameters: the N x d' filters, O(num_lags N c) as in Thm 4.5 (W is a fixed 0/1 matrix).
     The construction needs no gate that zeroes query rows (an erratum of H.8): a query is never
     matched with itself because every s >= 1.
     """
     _check_distances(distances, N)
-    t, dp = len(distances), 2 * c * len(distances)
-    M = [slice(2 * c * g, 2 * c * g + c) for g in range(t)]
-    V = [slice(2 * c * g + c, 2 * c * (g + 1)) for g in range(t)]
+    num_lags, dp = len(distances), 2 * c * len(distances)
+    A = [slice(2 * c * g, 2 * c * g + c) for g in range(num_lags)]
+    V = [slice(2 * c * g + c, 2 * c * (g + 1)) for g in range(num_lags)]
     eye = torch.eye(c, dtype=DTYPE)
     zero, one = _zeros(N, dp), _ones(N, dp)
     W = _zeros(dp, dp)
-    for g in range(t):
-        W[:c, M[g]], W[:c, V[g]] = eye, eye
+    for g in range(num_lags):
+        W[:c, A[g]], W[:c, V[g]] = eye, eye
     layers = projection(W, N)
     W, b1, h = _zeros(dp, dp), zero.clone(), _zeros(dp, N)
     for g, s in enumerate(distances):
-        W[M[g], M[g]] = eye
-        h[M[g], s] = 1.0
+        W[A[g], A[g]] = eye
+        h[A[g], s] = 1.0
         b1[:, V[g]] = 1.0
         h[V[g], s - 1] = 1.0
     layers.append(Layer(W, b1, h, zero.clone()))
     W, b1 = _zeros(dp, dp), one.clone()
-    for g in range(t):
-        W[M[g], V[g]] = 1.0
+    for g in range(num_lags):
+        W[A[g], V[g]] = 1.0
         b1[:, V[g]] = 0.0
     layers.append(Layer(W, b1, impulse(N, dp, 0), zero.clone()))
     W = _zeros(dp, dp)
-    for g in range(t):
+    for g in range(num_lags):
         W[V[g], :c] = eye
     return layers + projection(W, N)
 
@@ -1131,14 +1141,14 @@ def autocorrelation(tokens, c):
     return torch.stack([(u[:, s:] * u[:, :N - s]).sum((-1, -2)) for s in range(N)], -1)
 
 
-def top_lags(tokens, c, t):
-    """The t lags s >= 1 of largest autocorrelation, per row (ties to the smaller lag).
+def top_lags(tokens, c, num_lags):
+    """The num_lags lags s >= 1 of largest autocorrelation, per row (ties to the smaller lag).
 
     The rule offered for choosing the distances of Thm 4.5. It can miss a needed distance
     (an erratum of H.8): repeated filler tokens correlate at every even lag.
     """
     r = autocorrelation(tokens, c)[:, 1:]                                    # (B, N-1)
-    order = torch.argsort(-r, dim=-1, stable=True)[:, :t] + 1
+    order = torch.argsort(-r, dim=-1, stable=True)[:, :num_lags] + 1
     return [sorted(row) for row in order.tolist()]
 
 
@@ -1150,8 +1160,9 @@ def needed_distances(tokens, labels):
 def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
     """Thm 4.5 on mqar.py instances: exact with the needed distances (every labelled row's
     output is the value's one-hot row, not only after the argmax; one distance missing per
-    example breaks a query), L = 4, d' = 2ct. Erratum of H.8: the top-t autocorrelation lags
-    need not cover those distances; with them, an example is exact exactly when they do."""
+    example breaks a query), L = 4, d' = 2 c num_lags. Erratum of H.8: the top num_lags
+    autocorrelation lags need not cover those distances; with them, an example is exact
+    exactly when they do."""
     rows = []
     for N, D, c in sizes:
         covered, iff = [], True
@@ -1165,7 +1176,7 @@ def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
                        for i, cov in enumerate(cover))
             covered.append(sum(cover))
         pred, layers = mqar_baseconv_input_dependent(x, c, need)        # random non-queries
-        t = max(map(len, need))
+        num_lags = max(map(len, need))
         short = [dists[1:] or [N - 1] for dists in need]        # layers: the last example's
         outputs = [baseconv_model(one_hot(x[i:i + 1], c), mqar_input_dependent_layers(N, c, ds))
                    for i, ds in enumerate(need)]
@@ -1174,7 +1185,8 @@ def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
         controls = (iff and exact and inner_dim(layers) == (4, N, 2 * c * len(need[-1]))
                     and mqar_accuracy(mqar_baseconv_input_dependent(x, c, short)[0], y) < 1.0)
         rows.append(_exact_row(f"Thm 4.5 input-dep. filters, N={N} c={c}", pred, y,
-                               f"L=4, d'=2ct ≤ {2 * c * t}; top-t lags cover {covered[0]}/8 "
+                               f"L=4, d'=2ct ≤ {2 * c * num_lags}; top-t lags cover "
+                               f"{covered[0]}/8 "
                                f"(filler), {covered[1]}/8 (random) [erratum]", controls))
     return rows
 
@@ -1183,34 +1195,34 @@ def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
 # H.5: arithmetic circuits compiled into BaseConv (Thm H.5)
 
 def compile_circuit(circuit, N, d):
-    """Thm H.5 (our construction): a BaseConv stack computing an (Nd, s, Delta, w)-circuit
-    on the flattened input, x_{i d + j} = u[i, j], with the output at y[0, 0].
+    """Thm H.5 (our construction): a BaseConv stack computing a circuit of Nd variables (of
+    any size, depth and width) on the flattened input, x_{i d + j} = u[i, j], with the output
+    at y[0, 0].
 
     Every value lives in its own channel at row 0; all other rows stay 0.
       gather (2 layers): an affine layer copies column j of u into one channel per variable
         x_{i d + j} and writes each constant as a bias; a cyclic layer with filter
         X^{(N-i) mod N} moves row i of that channel to row 0 and b1 zeroes the other rows.
-      per level l = 1..Delta: an affine layer A writes, in a fresh layout, the values still
+      per level l = 1..depth: an affine layer A writes, in a fresh layout, the values still
         needed (carried), a + b for each + gate, b and a copy of a for each x gate; if the
         level has x gates, a layer B multiplies: (u W)_g = a picks the copy, h = e_0 keeps b.
       read-out: a projection moves the output to channel 0.
-    Resources: L <= 2 Delta + 3 layers, N' = N, d' <= max(n + #constants, 3 w) channels.
-    Against Thm H.5's O(Delta log w) layers and inner dimension O(w): dense projections route
-    any channel to any channel in one layer, which is what the theorem's log w factor pays
-    for with K-matrices; our d' includes one channel per input variable (n <= 2 w when every
-    variable is used).
+    Resources: L <= 2·depth + 3 layers, N' = N, d' <= max(num_vars + #constants, 3·width)
+    channels. Against Thm H.5's O(depth·log width) layers and inner dimension O(width): dense
+    projections route any channel to any channel in one layer, which is what the theorem's
+    log width factor pays for with K-matrices; our d' includes one channel per input variable
+    (num_vars <= 2·width when every variable is used).
     Returns the layers; `baseconv_model(u, layers)[..., 0, 0]` is the circuit's value.
     """
-    n = circuit.num_vars
-    if n != N * d:
-        raise ValueError(f"circuit.num_vars={n} is not allowed: the input has N*d={N * d} "
-                         "entries, one variable each")
+    if circuit.num_vars != N * d:
+        raise ValueError(f"circuit.num_vars={circuit.num_vars} is not allowed: the input has "
+                         f"N*d={N * d} entries, one variable each")
     lev, live = levels(circuit), live_values(circuit)
-    Delta = lev[-1]
+    top = lev[-1]                                                   # the circuit's depth
     gates = [[k for k, l in enumerate(lev) if l == level and circuit.nodes[k][0] in "+*"]
-             for level in range(Delta + 1)]
+             for level in range(top + 1)]
     inputs = [k for k, node in enumerate(circuit.nodes) if node[0] in ("var", "const")]
-    carried = [[k for k in live[lv] if lev[k] < lv] for lv in range(Delta)] + [[]]  # per level
+    carried = [[k for k in live[lv] if lev[k] < lv] for lv in range(top)] + [[]]  # per level
     times = [[g for g in gs if circuit.nodes[g][0] == "*"] for gs in gates]
     widths = [len(k) + len(g) + len(t) for k, g, t in zip(carried, gates, times)]
     dp = max(len(inputs), d, *widths)
@@ -1218,8 +1230,8 @@ def compile_circuit(circuit, N, d):
     row0[0] = 1
     Z = _zeros(dp, dp)
 
-    # gather: channel c(k) = position of input node k in `inputs`
-    col = {k: c for c, k in enumerate(inputs)}
+    # gather: channel col[k] = position of input node k in `inputs`
+    col = {k: channel for channel, k in enumerate(inputs)}
     W, b1, h = Z.clone(), _zeros(N, dp), _zeros(dp, N)
     for k in inputs:
         node = circuit.nodes[k]
@@ -1233,8 +1245,8 @@ def compile_circuit(circuit, N, d):
     layers = [Layer(W, b1, _zeros(dp, N), _ones(N, dp)),
               Layer(Z.clone(), row0.clone(), h, _zeros(N, dp), cyclic=True)]
 
-    for level in range(1, Delta + 1):
-        new = {k: c for c, k in enumerate(carried[level] + gates[level])}
+    for level in range(1, top + 1):
+        new = {k: channel for channel, k in enumerate(carried[level] + gates[level])}
         copy = {g: len(new) + t for t, g in enumerate(times[level])}
         W = Z.clone()
         for k in carried[level]:
@@ -1264,11 +1276,11 @@ def _informative_circuit(num_vars, depth, width, seed):
     included) would pass a compiler that ignores its inputs, and a polynomial in one of
     several variables one that mixes them up."""
     for attempt in range(100):
-        c = random_circuit(num_vars, depth, width, seed=seed + 1000 * attempt)
-        poly = expand(c)
+        circuit = random_circuit(num_vars, depth, width, seed=seed + 1000 * attempt)
+        poly = expand(circuit)
         used = {j for monomial in poly for j, e in enumerate(monomial) if e}
         if max(map(sum, poly), default=0) >= 2 and len(used) >= min(2, num_vars):
-            return c
+            return circuit
     raise ValueError(f"no circuit of depth={depth}, width={width} on {num_vars} variables "
                      "with degree >= 2 in two of them in 100 draws")
 
@@ -1276,31 +1288,32 @@ def _informative_circuit(num_vars, depth, width, seed):
 def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
     """Thm H.5: random circuits (of degree >= 2 in two variables or more) compiled into
     BaseConv compute their polynomial in y[0, 0] (flipping the output gate changes it), with
-    L <= 2Δ + 3 and d' <= max(Nd + 2, 3w). Also x_0 x_{Nd-1} + k for every constant k that
-    random_circuit draws: a constant written wrong (2 as 1) fails even where no random
+    L <= 2·depth + 3 and d' <= max(Nd + 2, 3·width). Also x_0 x_{Nd-1} + k for every constant
+    k that random_circuit draws: a constant written wrong (2 as 1) fails even where no random
     circuit's output depends on that constant."""
     g = torch.Generator().manual_seed(seed)
     ok, worst_L, worst_d = True, 0.0, 0.0
-    n = N * d
-    circuits = [_informative_circuit(n, dlt, wd, seed=seed + dlt * wd)
+    num_vars = N * d
+    circuits = [_informative_circuit(num_vars, dlt, wd, seed=seed + dlt * wd)
                 for dlt, wd in itertools.product(depths, widths)]
-    circuits += [Circuit(n, (("var", 0), ("var", n - 1), ("const", k), ("*", 0, 1), ("+", 3, 2)))
+    circuits += [Circuit(num_vars, (("var", 0), ("var", num_vars - 1), ("const", k),
+                                    ("*", 0, 1), ("+", 3, 2)))
                  for k in range(-2, 3)]
-    for c in circuits:
-        layers = compile_circuit(c, N, d)
+    for circuit in circuits:
+        layers = compile_circuit(circuit, N, d)
         u = torch.rand(4, N, d, generator=g, dtype=DTYPE) * 2 - 1
-        y, ref = baseconv_model(u, layers), evaluate(c, u.reshape(4, N * d))
+        y, ref = baseconv_model(u, layers), evaluate(circuit, u.reshape(4, N * d))
         L, Np, dp = inner_dim(layers)
         ok &= (torch.allclose(y[:, 0, 0], ref, rtol=1e-9, atol=1e-9) and Np == N
                and torch.count_nonzero(y.abs() > 1e-9) <= torch.count_nonzero(ref)
-               and L <= 2 * depth(c) + 3 and dp <= max(N * d + 2, 3 * width(c)))
-        op, a, b = c.nodes[-1]
-        other = Circuit(c.num_vars, c.nodes[:-1] + (("+" if op == "*" else "*", a, b),))
-        if expand(other) != expand(c):
+               and L <= 2 * depth(circuit) + 3 and dp <= max(N * d + 2, 3 * width(circuit)))
+        op, a, b = circuit.nodes[-1]
+        other = Circuit(circuit.num_vars, circuit.nodes[:-1] + (("+" if op == "*" else "*", a, b),))
+        if expand(other) != expand(circuit):
             ok &= not torch.allclose(baseconv_model(u, compile_circuit(other, N, d))[:, 0, 0],
                                      ref, atol=1e-6)
-        worst_L = max(worst_L, L / (depth(c) * max(1, math.log2(width(c)))))
-        worst_d = max(worst_d, dp / width(c))
+        worst_L = max(worst_L, L / (depth(circuit) * max(1, math.log2(width(circuit)))))
+        worst_d = max(worst_d, dp / width(circuit))
     return [(f"Thm H.5 circuit -> BaseConv, {len(depths) * len(widths)} random circuits, "
              "x_0 x_n-1 + k for k = -2..2", _ok(ok),
              f"max L/(Δ log2 w) = {worst_L:.2f}, max d'/w = {worst_d:.2f}")]
@@ -1309,12 +1322,13 @@ def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
 # ----------------------------------------------------------------------------------------
 # Thm 4.2: the Hyena, H3, RetNet and RWKV layers of mixers.py as BaseConv stacks
 #
-# What one BaseConv layer can multiply: channel c outputs ((u W)_c + b1_c) ⊙ (h_c * u_c + b2_c),
-# a linear function of all channels times a convolution of channel c alone. So p ⊙ (h * z)
-# with p and z in different channels is one layer when z sits in channel c (W copies p into
-# column c; h_c = h). A product of two projections of the layer input (H3's k ⊙ v,
-# retention's k_i v_j) takes two layers: a projection first writes one factor into a
-# channel of its own, the next layer multiplies it by a linear function of the others.
+# What one BaseConv layer can multiply: channel ch outputs
+# ((u W)_ch + b1_ch) ⊙ (h_ch * u_ch + b2_ch), a linear function of all channels times a
+# convolution of channel ch alone. So p ⊙ (h * z) with p and z in different channels is one
+# layer when z sits in channel ch (W copies p into column ch; h_ch = h). A product of two
+# projections of the layer input (H3's k ⊙ v, retention's k_i v_j) takes two layers: a
+# projection first writes one factor into a channel of its own, the next layer multiplies it
+# by a linear function of the others.
 # A channel a layer only carries gets W column 0, b1 = 1, h = e_0, b2 = 0: the identity
 # block of `remember`, set per channel here because the computing channels of the same
 # layer read the carried ones through W (which `parallel` keeps block diagonal).
@@ -1324,16 +1338,16 @@ def check_thm_h5(seed=0, N=3, d=2, depths=(2, 4, 6), widths=(2, 4)):
 # of its map from x to y. Projections are dense (Remark H.4, as in the experiments), not
 # K-matrices. Each stack is exact in exact arithmetic (the module's sums, in another order).
 # What no stack computes: a BaseConv layer is a polynomial (of degree 2) in its input, so a
-# stack is a polynomial; a function bounded and not constant on some half-line c -> c u_0,
-# c >= 0 (a norm, σ, swish), or unchanged by u -> c u for all c > 0 and not constant (a
+# stack is a polynomial; a function bounded and not constant on some half-line λ -> λ u_0,
+# λ >= 0 (a norm, σ, swish), or unchanged by u -> λ u for all λ > 0 and not constant (a
 # ratio of two degree-1 terms, as RWKV's wkv), is none, and neither is exp.
 
 def random_mixer(cls, d_model, seq_len, seed, noise=0.1, **options):
     """A mixers.py module in float64 whose every parameter is its init plus N(0, noise^2).
 
     The noise keeps a construction from leaning on an init's special values (RWKV's equal
-    bonuses u, H3's A_n = -1/2 + iπn). Built inside fork_rng, so the global RNG is left as
-    it was.
+    bonuses u, H3's A_r = -1/2 + iπr for mode r). Built inside fork_rng, so the global RNG is
+    left as it was.
     """
     g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
@@ -1392,19 +1406,20 @@ def _carry(b1, h, channels):
 
 def hyena_as_baseconv(hyena, T):
     """Thm 4.2 for Hyena (Algorithm 3, mixers.Hyena): layers with baseconv_model(x, layers)
-    = hyena(x) for x (..., T, d_model). Channel blocks of d_model: p^1..p^L, v (= z^0);
-    d' = (L+1) d_model.
-      1.       affine:      [p^1 .. p^L, v] = x W_in + b_in
-      2.       convolution: every channel by its short filter (W = 0, b1 = 1, b2 = 0)
-      2+l.     gated long convolution, l = 1..L: block z <- p^l ⊙ (h^l * z): W copies
-               block p^l into block z (the gate side), h = h^l on block z; p's carried
-      L+3.     affine:      y = z^L W_out + b_out, into channels 0..d_model-1
-    (L, N', d') = (L+3, T, (L+1) d_model): Algorithm 3's L gated convolutions, one layer each.
+    = hyena(x) for x (..., T, d_model). Channel blocks of d_model: p^1..p^order, v (= z^0);
+    d' = (order+1) d_model.
+      1.        affine:      [p^1 .. p^order, v] = x W_in + b_in
+      2.        convolution: every channel by its short filter (W = 0, b1 = 1, b2 = 0)
+      2+l.      gated long convolution, l = 1..order: block z <- p^l ⊙ (h^l * z): W copies
+                block p^l into block z (the gate side), h = h^l on block z; p's carried
+      order+3.  affine:      y = z^order W_out + b_out, into channels 0..d_model-1
+    (L, N', d') = (order+3, T, (order+1) d_model): Algorithm 3's `order` gated convolutions,
+    one layer each.
     """
     check_int("T", T, 1, "an integer >= 1")
-    d_model, L = hyena.d_model, hyena.order
-    dp = (L + 1) * d_model
-    z = slice(L * d_model, dp)
+    d_model, order = hyena.d_model, hyena.order
+    dp = (order + 1) * d_model
+    z = slice(order * d_model, dp)
     with torch.no_grad():
         W = _zeros(dp, dp)
         W[:d_model] = hyena.in_proj.weight.T
@@ -1414,7 +1429,7 @@ def hyena_as_baseconv(hyena, T):
             W, b1, h, b2 = _blank(T, dp)
             W[l * d_model:(l + 1) * d_model, z] = torch.eye(d_model, dtype=DTYPE)
             h[z] = coeff(h_l, T)
-            _carry(b1, h, slice(0, L * d_model))
+            _carry(b1, h, slice(0, order * d_model))
             layers.append(Layer(W, b1, h, b2))
         W = _zeros(dp, dp)
         W[z, :d_model] = hyena.out_proj.weight.T
@@ -1439,26 +1454,26 @@ def check_hyena(seed=0, d_model=8, T=32, orders=(2, 3), seq_len=None):
 def outer_product_conv_as_baseconv(W, b, shift, kernel, W_o, b_o, hd, T):
     """The layer H3 and retention share, as 4 BaseConv layers:
 
-        [q | k | v] = x W + b,   y_hj = Σ_i q_hi ⊙ (K_hij * ((s_hi * k_hi) ⊙ v_hj)),
+        [q | k | v] = x W + b,   y_gj = Σ_i q_gi ⊙ (K_gij * ((s_gi * k_gi) ⊙ v_gj)),
         out = y W_o + b_o,
 
-    per head h of hd channels (i, j < hd): a short filter s on k, the outer product k ⊗ v,
-    a long filter K per (h, i, j), the sum over i gated by q. x (..., T, d_in);
+    per head g of hd channels (i, j < hd): a short filter s on k, the outer product k ⊗ v,
+    a long filter K_gij per (g, i, j), the sum over i gated by q. x (..., T, d_in);
     W (d_in, 3 d_model), b (3 d_model,); shift (d_model, K1); kernel (d_model hd, K2), row
-    (h hd + i) hd + j; W_o (d_model, d_out). Channel blocks: q (d_model), v (d_model),
-    kv (d_model hd, channel (h, i, j)); d' = max(d_in, d_model (2 + hd), d_out).
-      1. affine:   q, v, and every k_hi copied into the hd channels (h, i, j), j < hd: a
-                   causal convolution acts per channel, so k_hi must sit in each channel
+    (g hd + i) hd + j; W_o (d_model, d_out). Channel blocks: q (d_model), v (d_model),
+    kv (d_model hd, channel (g, i, j)); d' = max(d_in, d_model (2 + hd), d_out).
+      1. affine:   q, v, and every k_gi copied into the hd channels (g, i, j), j < hd: a
+                   causal convolution acts per channel, so k_gi must sit in each channel
                    that multiplies it
-      2. product:  (h, i, j) <- v_hj ⊙ (s_hi * k_hi): W routes v_hj, h = s_hi; q carried
-      3. product:  (h, i, j) <- q_hi ⊙ (K_hij * kv_hij): W routes q_hi, h = K_hij
-      4. affine:   out = Σ_{h,i,j} kv_hij W_o[h hd + j] + b_o: the sum over i and W_o in one
+      2. product:  (g, i, j) <- v_gj ⊙ (s_gi * k_gi): W routes v_gj, h = s_gi; q carried
+      3. product:  (g, i, j) <- q_gi ⊙ (K_gij * kv_gij): W routes q_gi, h = K_gij
+      4. affine:   out = Σ_{g,i,j} kv_gij W_o[g hd + j] + b_o: the sum over i and W_o in one
     """
     d_in, d_model = W.shape[0], W.shape[1] // 3
     dp = max(d_in, d_model * (2 + hd), W_o.shape[1])
-    m = torch.arange(d_model * hd)
-    qk_of, v_of = m // hd, (m // (hd * hd)) * hd + m % hd      # k_hi (and q_hi), v_hj of (h,i,j)
-    q, v, kv = torch.arange(d_model), d_model + torch.arange(d_model), 2 * d_model + m
+    ch = torch.arange(d_model * hd)
+    qk_of, v_of = ch // hd, (ch // (hd * hd)) * hd + ch % hd   # k_gi (and q_gi), v_gj of (g,i,j)
+    q, v, kv = torch.arange(d_model), d_model + torch.arange(d_model), 2 * d_model + ch
     with torch.no_grad():
         W1, b = _zeros(dp, dp), b.detach().to(DTYPE)
         (Wq, Wk, Wv), (bq, bk, bv) = W.split(d_model, dim=1), b.split(d_model)
@@ -1483,18 +1498,19 @@ def h3_as_baseconv(h3, T):
     x (..., T, d_model).
 
     H3 is `outer_product_conv_as_baseconv` with the shift SSM as its short filter (A the
-    shift matrix, B = e_0: the kernel is C, the learned filter) and the diagonal SSM as its
-    long one, K = the S4D kernel (T taps) with the skip term (S4D's D) folded into tap 0.
+    shift matrix and its input map e_0: the kernel is C, the learned filter) and the diagonal
+    SSM as its long one, K_gij = the S4D kernel (T taps) with the skip term (S4D's D) folded
+    into tap 0.
     (L, N', d') = (4, T, 3 d_model) for head_dim = 1 (q ⊙ SSM(shift(k) ⊙ v)); head_dim hd > 1
     needs hd copies of every k channel and the sum over i folded into W_o: (4, T, (2 + hd) d_model).
     """
     check_int("T", T, 1, "an integer >= 1")
     with torch.no_grad():
         log_dt, A, C, skip = h3._ssm()
-        K = mixers.diagonal_ssm_kernel(log_dt, A, C, T)
-        K[:, 0] += skip
+        kernel = mixers.diagonal_ssm_kernel(log_dt, A, C, T)
+        kernel[:, 0] += skip
         return outer_product_conv_as_baseconv(h3.qkv.weight.T, h3.qkv.bias, h3.shift_filter(),
-                                              K, h3.out_proj.weight.T, h3.out_proj.bias,
+                                              kernel, h3.out_proj.weight.T, h3.out_proj.bias,
                                               h3.head_dim, T)
 
 
@@ -1519,17 +1535,17 @@ def retention_as_baseconv(W_q, W_k, W_v, gamma, T):
     """Thm 4.2 for retention: layers computing the heads of Y = (Q K^T ⊙ Γ) V (RetNet,
     mixers.retention_parallel) from x (..., T, d_in), with Q = x W_q, K = x W_k, V = x W_v,
     W_* (d_in, d_model), H = len(gamma) heads of hs = d_model / H. The heads land in channels
-    0..d_model-1 (y_t[h, j] in channel h hs + j, as RetNet flattens them); every other
+    0..d_model-1 (y_t[g, j] in channel g hs + j, as RetNet flattens them); every other
     channel is 0.
 
     Y is no convolution of x: its filter Q K^T ⊙ Γ depends on x, and Y is cubic in x
-    (Y(c x) = c^3 Y(x)). Written out it is a sum of gated long convolutions with a fixed
-    filter, g_h[l] = γ_h^l:
-        y_t[h, j] = Σ_{s<=t} γ_h^{t-s} (q_t · k_s) v_s[j]
-                  = Σ_i q_t[h, i] (g_h * (k_hi ⊙ v_hj))_t,
+    (Y(λ x) = λ^3 Y(x)). Written out it is a sum of gated long convolutions with a fixed
+    filter, ρ_g[l] = γ_g^l for head g:
+        y_t[g, j] = Σ_{s<=t} γ_g^{t-s} (q_t · k_s) v_s[j]
+                  = Σ_i q_t[g, i] (ρ_g * (k_gi ⊙ v_gj))_t,
     hs^2 channels per head: `outer_product_conv_as_baseconv` with hd = hs, no short filter
-    (s = e_0), K = g_h and W_o = I. (L, N', d') = (4, T, max(d_in, (2 + hs) d_model)): the hs x hs
-    per-head state of the recurrent form, as hs^2 channels.
+    (s = e_0), K_gij = ρ_g and W_o = I. (L, N', d') = (4, T, max(d_in, (2 + hs) d_model)):
+    the hs x hs per-head state of the recurrent form, as hs^2 channels.
     """
     check_int("T", T, 1, "an integer >= 1")
     H, d_model = len(gamma), W_q.shape[1]
@@ -1550,8 +1566,8 @@ def retnet_as_baseconv(retnet, T):
     retnet._output(x, y.unflatten(-1, (H, hs))) = retnet(x).
 
     The rest is no BaseConv stack, whatever its size (a stack is a polynomial in its input):
-    along y = c y_0 the group norm is bounded in c and not constant, and so is swish(z) =
-    z σ(z) for z = c z_0 < 0, c >= 0; no polynomial is. Were norm(y) and swish(x W_G) given
+    along y = λ y_0 the group norm is bounded in λ and not constant, and so is swish(z) =
+    z σ(z) for z = λ z_0 < 0, λ >= 0; no polynomial is. Were norm(y) and swish(x W_G) given
     as inputs, their product (one layer) and W_O (one more) would finish the module.
     """
     H = retnet.num_heads
@@ -1605,7 +1621,7 @@ def wkv_as_baseconv(w, u, W_v, mix_v, T):
       3. convolution: both blocks by f
     (L, N', d') = (3, T, 2 d_model). Not exact beyond this, whatever the size: E = e^k is not a
     polynomial in x (so it is an input here), and wkv = num / den is unchanged when E is
-    scaled by any c > 0 while not constant in E, which no polynomial is.
+    scaled by any λ > 0 while not constant in E, which no polynomial is.
     """
     check_int("T", T, 1, "an integer >= 1")
     d_model = W_v.shape[0]
@@ -1673,9 +1689,9 @@ def check_rwkv(seed=0, d_model=8, T=32):
 # reads the context k_1 v_1 ... k_D v_D into a state s, and its answer to the first query q
 # after the context is some function f(s, q); later queries are functions of s and the
 # queries before them. So two contexts that end in the same state get the same answer to
-# every query. If the model is exact on a family F of contexts that pairwise disagree on
-# some query they share, the states of F are pairwise distinct: at least |F| states, at
-# least log2 |F| bits. The INDEX family (the keys fixed, every value assignment) is such a
+# every query. If the model is exact on a family ℱ of contexts that pairwise disagree on
+# some query they share, the states of ℱ are pairwise distinct: at least |ℱ| states, at
+# least log2 |ℱ| bits. The INDEX family (the keys fixed, every value assignment) is such a
 # family. What this section proves, and what it only exhibits, is said function by function.
 
 def _check_contexts(c_k, c_v, D, distinct_values):
@@ -1697,18 +1713,18 @@ MAX_CONTEXTS = 2**20
 
 
 def _check_count(c_k, c_v, D, key_orders, distinct_values):
-    M = key_orders * (math.perm(c_v, D) if distinct_values else c_v**D)
-    if M > MAX_CONTEXTS:
-        raise ValueError(f"(c_k, c_v, D)=({c_k}, {c_v}, {D}) gives {M} contexts; at most "
+    count = key_orders * (math.perm(c_v, D) if distinct_values else c_v**D)
+    if count > MAX_CONTEXTS:
+        raise ValueError(f"(c_k, c_v, D)=({c_k}, {c_v}, {D}) gives {count} contexts; at most "
                          f"{MAX_CONTEXTS} are enumerated")
 
 
 def mqar_contexts(c_k, c_v, D, distinct_values=True):
-    """Every MQAR context k_1 v_1 ... k_D v_D as (M, D, 2) (key, value) pairs.
+    """Every MQAR context k_1 v_1 ... k_D v_D as (contexts, D, 2) (key, value) pairs.
 
     D distinct keys from [0, c_k) in every order; values from [0, c_v), distinct within a
     context as in the paper's layout (Procedure 1), or with repeats (distinct_values=False).
-    M = c_k!/(c_k-D)! * (c_v!/(c_v-D)! or c_v^D). The context has N = 2D tokens; MQAR's
+    contexts = c_k!/(c_k-D)! * (c_v!/(c_v-D)! or c_v^D). The context has N = 2D tokens; MQAR's
     queries come after it.
     """
     _check_contexts(c_k, c_v, D, distinct_values)
@@ -1721,10 +1737,11 @@ def mqar_contexts(c_k, c_v, D, distinct_values=True):
 
 
 def index_contexts(D, c_v, distinct_values=True):
-    """The INDEX family: keys 0..D-1 in this order, every value assignment, as (M, D, 2).
+    """The INDEX family: keys 0..D-1 in this order, every value assignment, as
+    (contexts, D, 2).
 
     Alice's input of INDEX is the value string, Bob's the index, i.e. the query key.
-    M = c_v!/(c_v-D)! (distinct values, MQAR's layout) or c_v^D (INDEX proper).
+    contexts = c_v!/(c_v-D)! (distinct values, MQAR's layout) or c_v^D (INDEX proper).
     """
     _check_contexts(D, c_v, D, distinct_values)
     _check_count(D, c_v, D, 1, distinct_values)
@@ -1734,22 +1751,23 @@ def index_contexts(D, c_v, distinct_values=True):
 
 
 def answers(contexts, c_k):
-    """(M, c_k): the value each key gets in each context; -1 where the key is absent (MQAR
+    """(contexts, c_k): the value each key gets in each context; -1 where the key is absent (MQAR
     never queries a key that is not in the context)."""
     A = torch.full((len(contexts), c_k), -1, dtype=torch.long)
     return A.scatter_(1, contexts[..., 0], contexts[..., 1])
 
 
 def index_bound_bits(D, c_v, distinct_values=True):
-    """H.6 (counting form): log2 |F| for the INDEX family F, the state bits an exact model needs.
+    """H.6 (counting form): log2 |ℱ| for the INDEX family ℱ, the state bits an exact model
+    needs.
 
-    Proved (see the section comment): the contexts of F share their keys and differ in
+    Proved (see the section comment): the contexts of ℱ share their keys and differ in
     some value, so every two of them disagree on a query; an exact recurrent model gives
-    them pairwise distinct states. |F| = c_v!/(c_v-D)! >= (c_v-D+1)^D, or c_v^D with repeats.
+    them pairwise distinct states. |ℱ| = c_v!/(c_v-D)! >= (c_v-D+1)^D, or c_v^D with repeats.
     In MQAR terms (Procedure 1: values from c/2 tokens, c > N >= 4D, so c_v - D >= c/4) this is
     >= D log2(c/4) bits, and D can be N/4: Omega(N log c) bits, the Omega(N) of H.6 times
     log c. A d x d state of p-bit numbers therefore needs p d^2 >= D log2(c/4).
-    Only deterministic, exact models are covered here. INDEX's Omega(n) bound also holds for
+    Only deterministic, exact models are covered here. INDEX's linear lower bound also holds for
     randomized one-way protocols with error 1/3, which the paper's reduction can carry over
     to models that err; no enumeration shows that part.
     """
@@ -1758,14 +1776,14 @@ def index_bound_bits(D, c_v, distinct_values=True):
 
 
 def count_states(states):
-    """The number of distinct states among the M rows of `states` (M, ...)."""
+    """The number of distinct states among the rows of `states` (contexts, ...)."""
     return len(torch.unique(states.reshape(len(states), -1), dim=0))
 
 
 def find_confusion(contexts, states, c_k, queries=None):
     """Two contexts i, j with the same state and a query q both hold, answered differently.
 
-    states: (M, ...), row m the state of a model after context m (any tensor; equal rows
+    states: (contexts, ...), row i the state of a model after context i (any tensor; equal rows
     are equal states). Returns (i, j, q), or None when no two equal states conflict, i.e.
     when some read-out f(state, q) answers every context exactly. `queries` restricts q.
     By the pigeonhole, a model with fewer distinct states than the INDEX family has contexts
@@ -1795,13 +1813,14 @@ def min_states(c_k, c_v, D, distinct_values=True):
     A set of contexts can share a state iff no two of them conflict, iff one global
     assignment g: [c_k] -> [c_v] extends all of them. So the least number of states is the
     least number of assignments G such that every context is a restriction of one (a
-    covering array of strength D). The search tries n = 1, 2, ... states and, for each n, every
-    choice of n assignments by depth-first search (branch on the assignments extending the
-    first uncovered context; prune when the n left cannot cover what is uncovered).
-    Context order is irrelevant (it does not change the answers), so contexts are key sets.
-    Returns (n, G (n, c_k)); a context's state is the index of the first g extending it.
+    covering array of strength D). The search tries 1, 2, ... states and, for each count,
+    every choice of that many assignments by depth-first search (branch on the assignments
+    extending the first uncovered context; prune when those left cannot cover what is
+    uncovered). Context order is irrelevant (it does not change the answers), so contexts
+    are key sets. Returns (states, G (states, c_k)); a context's state is the index of the
+    first g extending it.
 
-    Checks of the counting bound: n >= |INDEX family|, with equality for c_k = D. For
+    Checks of the counting bound: states >= |INDEX family|, with equality for c_k = D. For
     c_k > D it can be larger (c_k = 4, D = 2, c_v = 2: 5 > 4), and it is far below the number
     of distinct answer functions: contexts with different keys need not conflict, so log2
     of that number is not a lower bound. Exponential: for tiny sizes only.
@@ -1814,63 +1833,66 @@ def min_states(c_k, c_v, D, distinct_values=True):
     ctx = [(ks, vs) for ks in itertools.combinations(range(c_k), D)
            for vs in _value_tuples(c_v, D, distinct_values).tolist()]
     G_all = list(itertools.product(range(c_v), repeat=c_k))
-    cover = [sum(1 << n for n, (ks, vs) in enumerate(ctx)
+    cover = [sum(1 << i for i, (ks, vs) in enumerate(ctx)
                  if all(g[k] == v for k, v in zip(ks, vs))) for g in G_all]
-    extend = [[a for a, mask in enumerate(cover) if mask >> n & 1] for n in range(len(ctx))]
+    extend = [[a for a, mask in enumerate(cover) if mask >> i & 1] for i in range(len(ctx))]
     full, most = (1 << len(ctx)) - 1, max(bin(mask).count("1") for mask in cover)
 
-    def search(covered, n):
+    def search(covered, left):
         if covered == full:
             return []
-        if n * most < len(ctx) - bin(covered).count("1"):
+        if left * most < len(ctx) - bin(covered).count("1"):
             return None
         first = (~covered & (covered + 1)).bit_length() - 1                  # lowest uncovered
         for a in extend[first]:
-            rest = search(covered | cover[a], n - 1)
+            rest = search(covered | cover[a], left - 1)
             if rest is not None:
                 return [a] + rest
         return None
 
-    n = 1
-    while (chosen := search(0, n)) is None:
-        n += 1
-    return n, torch.tensor([G_all[a] for a in chosen], dtype=torch.long).reshape(n, c_k)
+    states = 1
+    while (chosen := search(0, states)) is None:
+        states += 1
+    return states, torch.tensor([G_all[a] for a in chosen],
+                                dtype=torch.long).reshape(states, c_k)
 
 
 def cover_states(contexts, G):
-    """The state of each context under a cover G (n, c_k) of `min_states`: the index of the
+    """The state of each context under a cover G (states, c_k) of `min_states`: the index of the
     first assignment that extends it (-1 if none). The read-out is f(s, q) = G[s, q]."""
     agree = (G[None, :, :].expand(len(contexts), -1, -1)
              .gather(2, contexts[..., 0][:, None, :].expand(-1, len(G), -1))
-             == contexts[..., 1][:, None, :]).all(-1)                        # (M, n)
+             == contexts[..., 1][:, None, :]).all(-1)                # (contexts, states)
     return torch.where(agree.any(-1), agree.int().argmax(-1), -1)
 
 
 def check_min_states(seed=0, sizes=((4, 2, 2, False), (4, 3, 2, True))):
     """H.6: the least number of states (by search) answers every context (its cover is a
     model), is at least INDEX's count and equal to it when every key is in every context,
-    and n - 1 assignments cover no more (all tried where there are few); for c_v = D = 2 it
+    and one assignment fewer covers no more (all tried where there are few); for c_v = D = 2 it
     is Kleitman and Spencer's least binary covering array of strength 2. Distinct answer
     functions overstate it."""
     rows = []
     for c_k, c_v, D, distinct in sizes:
-        n, G = min_states(c_k, c_v, D, distinct)
+        states, G = min_states(c_k, c_v, D, distinct)
         ctx = mqar_contexts(c_k, c_v, D, distinct)
         st, A = cover_states(ctx, G), answers(ctx, c_k)
-        F = round(2**index_bound_bits(D, c_v, distinct))
+        index = round(2**index_bound_bits(D, c_v, distinct))
         nf = count_states(A)
-        ok = ((st >= 0).all() and ((G[st] == A) | (A < 0)).all() and n >= F
-              and (n == F if c_k == D else nf > n) and find_confusion(ctx, st, c_k) is None)
+        ok = ((st >= 0).all() and ((G[st] == A) | (A < 0)).all() and states >= index
+              and (states == index if c_k == D else nf > states)
+              and find_confusion(ctx, st, c_k) is None)
         if c_v == 2 and D == 2 and not distinct:
-            ok &= n == next(m for m in itertools.count(4)
-                            if math.comb(m - 1, math.ceil(m / 2)) >= c_k)
+            ok &= states == next(size for size in itertools.count(4)
+                                 if math.comb(size - 1, math.ceil(size / 2)) >= c_k)
         if c_v**c_k <= 16:
-            ok &= all((cover_states(ctx, torch.tensor(fewer).reshape(n - 1, c_k)) < 0).any()
+            ok &= all((cover_states(ctx, torch.tensor(fewer).reshape(states - 1, c_k)) < 0).any()
                       for fewer in itertools.combinations(
-                          itertools.product(range(c_v), repeat=c_k), n - 1))
+                          itertools.product(range(c_v), repeat=c_k), states - 1))
         rows.append((f"H.6  least states by search, all contexts c_k={c_k} c_v={c_v} D={D}"
                      f"{' (distinct values)' if distinct else ''}", _ok(ok),
-                     f"{n} states ({math.log2(n):.2f} bits) >= INDEX {F} ({math.log2(F):.2f}); "
+                     f"{states} states ({math.log2(states):.2f} bits) >= INDEX {index} "
+                     f"({math.log2(index):.2f}); "
                      f"distinct answer functions {nf} ({math.log2(nf):.2f} bits) overstate"))
     return rows
 
@@ -1878,7 +1900,7 @@ def check_min_states(seed=0, sizes=((4, 2, 2, False), (4, 3, 2, True))):
 def retnet_state(k, v, gamma=1.0):
     """RetNet's recurrent form, one head: S_t = gamma S_{t-1} + k_t^T v_t, S_0 = 0.
 
-    k: (M, T, d_k), v: (M, T, d_v) -> S_T (M, d_k, d_v), the d_k x d_v state (d x d in the
+    k: (..., T, d_k), v: (..., T, d_v) -> S_T (..., d_k, d_v), the d_k x d_v state (d x d in the
     paper): the state mixers.retention_recurrent returns (its outputs, read with q = k, are
     not used). The parallel form is S_T = sum_t gamma^{T-t} k_t^T v_t.
     """
@@ -1906,14 +1928,15 @@ def retnet_recall(contexts, c_k, c_v, d_k=None):
     D log2 c_v bits (its read-out is digit extraction, not y = q S).
     Deviation: a token-level model sees the key one step before its value; it needs a
     width-2 shift (H3's shift SSM, a short convolution) to pair them, and then carries
-    one more token in its state. Returns (predictions (M, c_k), -1 for absent keys; S).
+    one more token in its state. Returns (predictions (contexts, c_k), -1 for absent keys;
+    S).
     """
     d_k = c_k if d_k is None else d_k
     check_int("d_k", d_k, 1, "an integer >= 1")
     b = max(1, math.ceil(math.log2(c_v)))
     keys, vals = contexts[..., 0], contexts[..., 1]
-    S = retnet_state(one_hot(keys % d_k, d_k), to_bits(vals, b))               # (M, d_k, b)
-    y = torch.einsum("qk,mkv->mqv", one_hot(torch.arange(c_k) % d_k, d_k), S)  # (M, c_k, b)
+    S = retnet_state(one_hot(keys % d_k, d_k), to_bits(vals, b))        # (contexts, d_k, b)
+    y = torch.einsum("qk,mkv->mqv", one_hot(torch.arange(c_k) % d_k, d_k), S)  # (., c_k, b)
     return torch.where(answers(contexts, c_k) >= 0, from_bits(y), -1), S
 
 
@@ -1932,17 +1955,18 @@ def check_index(seed=0, sizes=((2, 4, False), (3, 8, False))):
     """H.6 on INDEX (keys 0..D-1, every value assignment, pairwise conflicting): the D x b
     RetNet state is exact and injective, D x D bits (the bound) for c_v = 2^D. Fewer states
     confuse: the state less any one bit, d_k < D key rows (swapping the values of keys 0 and
-    d_k keeps the state), M - 1 or 2^(⌈bound⌉ - 1) random states."""
+    d_k keeps the state), one state fewer than the contexts or 2^(⌈bound⌉ - 1) random
+    states."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for D, c_v, distinct in sizes:
         ctx = index_contexts(D, c_v, distinct)
-        M, A, bound = len(ctx), answers(ctx, D), index_bound_bits(D, c_v, distinct)
+        count, A, bound = len(ctx), answers(ctx, D), index_bound_bits(D, c_v, distinct)
         pred, S = retnet_recall(ctx, D, c_v)
         flat = S.flatten(1)
         below = [torch.cat([flat[:, :e], flat[:, e + 1:]], 1) for e in range(flat.shape[1])]
-        below += [torch.randint(n, (M,), generator=g)
-                  for n in (M - 1, 2**(math.ceil(bound) - 1)) for _ in range(3)]
+        below += [torch.randint(fewer, (count,), generator=g)
+                  for fewer in (count - 1, 2**(math.ceil(bound) - 1)) for _ in range(3)]
         swaps = True
         for d_k in range(1, D):
             p, S_k = retnet_recall(ctx, D, c_v, d_k=d_k)
@@ -1951,18 +1975,19 @@ def check_index(seed=0, sizes=((2, 4, False), (3, 8, False))):
             swaps &= bool((p != A).any()) and torch.equal(S_k, retnet_recall(swapped, D, c_v,
                                                                               d_k=d_k)[1])
             below.append(S_k)
-        ok = ((A >= 0).all() and count_states(A) == M == (math.perm(c_v, D) if distinct
+        ok = ((A >= 0).all() and count_states(A) == count == (math.perm(c_v, D) if distinct
                                                           else c_v**D)
-              and (ctx[..., 0] == torch.arange(D)).all() and math.isclose(bound, math.log2(M))
-              and torch.equal(pred, A) and count_states(S) == M and swaps
+              and (ctx[..., 0] == torch.arange(D)).all()
+              and math.isclose(bound, math.log2(count))
+              and torch.equal(pred, A) and count_states(S) == count and swaps
               and find_confusion(ctx, S, D) is None and all(_confuses(ctx, s, D) for s in below))
         if c_v == 2**D:
             ok &= S.shape[1:] == (D, D) and math.ceil(bound) == D * D
         rows.append((f"H.6  INDEX D={D} c_v={c_v}: RetNet {D}x{S.shape[2]} exact, fewer states "
                      "confuse", _ok(ok),
-                     f"bound log2 {M} = {bound:.2f} bits vs {D}x{S.shape[2]} 0/1 state = "
+                     f"bound log2 {count} = {bound:.2f} bits vs {D}x{S.shape[2]} 0/1 state = "
                      f"{flat.shape[1]}; confused: any {flat.shape[1] - 1} of its bits, random "
-                     f"{M - 1} or {2**(math.ceil(bound) - 1)} states, {D - 1} key rows"))
+                     f"{count - 1} or {2**(math.ceil(bound) - 1)} states, {D - 1} key rows"))
     return rows
 
 

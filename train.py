@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mixers import (build_mixer, check_choice, check_mixer, is_outside, load_outside, mixer_class,
-                    mixer_fact, parse_mixer, split_mixer)
+                    mixer_fact, mixer_setting, parse_mixer, split_mixer)
 from mqar import IGNORE, multiquery_ar
 
 
@@ -61,7 +61,8 @@ from mqar import IGNORE, multiquery_ar
 
 @dataclasses.dataclass
 class Config:
-    # model (Figure 2; `--preset=figure2` sets the official configuration)
+    # model (Figure 2; the lab's `python -m experiments --preset=figure2` sets the official
+    # configuration)
     mixer: str = "attention"          # a key of mixers.MIXERS, a mixer of your own
                                       # (path/to/file.py:Class), or one per layer: parse_layers
     mixer_source: str = ""            # filled in for a mixer of your own (check_outside_mixers)
@@ -157,8 +158,7 @@ def make_config(preset="cpu", presets=None, **overrides):
             raise ValueError(f"unknown key --{key}{hint} (keys: {', '.join(fields)})")
     if preset not in presets:
         raise ValueError(f"preset={preset!r} is not allowed here: choose one of "
-                         f"{', '.join(presets)} (the Figure 2 presets are the lab's: python -m "
-                         f"experiments --preset={preset} ...)")
+                         f"{', '.join(presets)}")
     config = Config(preset=preset, **overrides)
     values, layer_forms = presets[preset]
     for key, value in values(config).items():
@@ -213,14 +213,6 @@ def parse_layers(mixer, n_layers):
     return layers * n_layers if len(layers) == 1 else layers
 
 
-def mixer_setting(layers):
-    """One (name, options) per layer as a `mixer` setting, the inverse of parse_layers:
-    [("base_conv", {"kernel_size": 3})] -> "base_conv:kernel_size=3"."""
-    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)
-    return ",".join(":".join([name, *(f"{k}={text(v)}" for k, v in options.items())])
-                    for name, options in layers)
-
-
 # the checks of the mixer contract (mixers.check_mixer) that a mixer of your own passes
 # before it trains; every built-in mixer passes them all in the tests
 TRAIN_CHECKS = ("shape", "causal")
@@ -232,28 +224,28 @@ def check_outside_mixers(config):
     source, file or module, with the digest of its text (mixers.source_digest), so that a
     changed file is another run. Raise a ValueError for one that fails a check of
     TRAIN_CHECKS at the config's d_model and seq_len (run once per mixer and size)."""
-    c = config
-    outside = [(name, options) for name, options in c.layers if is_outside(name)]
+    outside = [(name, options) for name, options in config.layers if is_outside(name)]
     digests = {name: load_outside(name)[1] for name, _ in outside}
     sources = ",".join(dict.fromkeys(f"{name.rpartition(':')[0]}={digests[name]}"
                                      for name, _ in outside))
-    if c.mixer_source not in ("", sources):
-        raise ValueError(f"mixer_source={c.mixer_source!r} is not allowed: it is filled in "
-                         f"from the files of mixer={c.mixer!r}, now {sources!r} (changed since, "
-                         "or given: leave it out)")
-    c.mixer_source = sources
+    if config.mixer_source not in ("", sources):
+        raise ValueError(f"mixer_source={config.mixer_source!r} is not allowed: it is filled "
+                         f"in from the files of mixer={config.mixer!r}, now {sources!r} (changed "
+                         "since, or given: leave it out)")
+    config.mixer_source = sources
     for name, options in outside:
-        key = (name, repr(options), digests[name], c.d_model, c.seq_len)
+        key = (name, repr(options), digests[name], config.d_model, config.seq_len)
         if key not in _FAILED:
-            _FAILED[key] = next((r for r in check_mixer(name, options, c.d_model, c.seq_len,
-                                                        TRAIN_CHECKS) if r.status == "fail"), None)
+            _FAILED[key] = next((r for r in check_mixer(name, options, config.d_model,
+                                                        config.seq_len, TRAIN_CHECKS)
+                                 if r.status == "fail"), None)
         if _FAILED[key]:
             check, _, measured = _FAILED[key]
-            raise ValueError(f"mixer={c.mixer!r} is not allowed: {name} fails the mixer "
-                             f"contract's {check} check at d_model={c.d_model}, seq_len="
-                             f"{c.seq_len}: {measured} (python mixers.py --check "
-                             f"{mixer_setting([(name, options)])} --d_model={c.d_model} "
-                             f"--seq_len={c.seq_len} shows every check)")
+            raise ValueError(f"mixer={config.mixer!r} is not allowed: {name} fails the mixer "
+                             f"contract's {check} check at d_model={config.d_model}, seq_len="
+                             f"{config.seq_len}: {measured} (python mixers.py --check "
+                             f"{mixer_setting([(name, options)])} --d_model={config.d_model} "
+                             f"--seq_len={config.seq_len} shows every check)")
 
 
 BLOCKS = ("pre_norm", "identity_mlp", "rms_pre_norm")
@@ -264,59 +256,61 @@ TASKS = ("mqar", "lm")
 
 def check_config(config):
     """Raise a ValueError naming the first setting that cannot work."""
-    c = config
-    check_choice("block", c.block, BLOCKS)
-    check_choice("init", c.init, INITS)
-    check_choice("schedule", c.schedule, SCHEDULES)
-    check_choice("position_embedding", c.position_embedding, ("auto", "learned", "none"))
-    if c.schedule == "cosine_epochs" and c.warmup_steps:
-        raise ValueError(f"warmup_steps={c.warmup_steps} is not allowed with "
+    check_choice("block", config.block, BLOCKS)
+    check_choice("init", config.init, INITS)
+    check_choice("schedule", config.schedule, SCHEDULES)
+    check_choice("position_embedding", config.position_embedding, ("auto", "learned", "none"))
+    if config.schedule == "cosine_epochs" and config.warmup_steps:
+        raise ValueError(f"warmup_steps={config.warmup_steps} is not allowed with "
                          "schedule='cosine_epochs': warm up with schedule='cosine'")
-    if c.mlp and c.block == "identity_mlp":
-        raise ValueError(f"mlp=True is not allowed with block={c.block!r}: that block has no "
+    if config.mlp and config.block == "identity_mlp":
+        raise ValueError(f"mlp=True is not allowed with block={config.block!r}: that block has no "
                          "MLP sublayer; use block='pre_norm' or 'rms_pre_norm'")
-    check_choice("mlp_activation", c.mlp_activation, tuple(ACTIVATIONS))
-    if c.mlp_activation != "gelu" and not (c.mlp and c.block == "pre_norm"):
-        raise ValueError(f"mlp_activation={c.mlp_activation!r} is not allowed with mlp={c.mlp}, "
-                         f"block={c.block!r}: it is the activation of the pre-norm block's MLP "
+    check_choice("mlp_activation", config.mlp_activation, tuple(ACTIVATIONS))
+    if config.mlp_activation != "gelu" and not (config.mlp and config.block == "pre_norm"):
+        raise ValueError(f"mlp_activation={config.mlp_activation!r} is not allowed with "
+                         f"mlp={config.mlp}, block={config.block!r}: it is the activation of the "
+                         "pre-norm block's MLP "
                          "(mlp=True, block='pre_norm'; rms_pre_norm's MLP is SwiGLU)")
     for key in ("d_model", "n_layers", "num_train", "num_test", "batch_size", "max_steps",
                 "eval_every"):
-        if getattr(c, key) < 1:
-            raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 1")
-    c.layers                # the mixer names and option keys (their values: when built)
-    check_outside_mixers(c)
+        if getattr(config, key) < 1:
+            raise ValueError(f"{key}={getattr(config, key)} is not allowed: it must be >= 1")
+    config.layers                # the mixer names and option keys (their values: when built)
+    check_outside_mixers(config)
     for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
                 "num_valid", "checkpoint_every"):
-        if not getattr(c, key) >= 0:
-            raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be >= 0")
+        if not getattr(config, key) >= 0:
+            raise ValueError(f"{key}={getattr(config, key)} is not allowed: it must be >= 0")
     for key in ("beta2", "dropout"):
-        if not 0 <= getattr(c, key) < 1:
-            raise ValueError(f"{key}={getattr(c, key)} is not allowed: it must be in [0, 1)")
-    if not 0 < c.target_acc <= 1:
-        raise ValueError(f"target_acc={c.target_acc} is not allowed: it must be in (0, 1]")
+        if not 0 <= getattr(config, key) < 1:
+            raise ValueError(f"{key}={getattr(config, key)} is not allowed: it must be in [0, 1)")
+    if not 0 < config.target_acc <= 1:
+        raise ValueError(f"target_acc={config.target_acc} is not allowed: it must be in (0, 1]")
     backends = torch.compiler.list_backends(exclude_tags=())
-    if c.compile and c.compile not in backends:
-        raise ValueError(f"compile={c.compile!r} is not allowed: choose '' (off) or a "
+    if config.compile and config.compile not in backends:
+        raise ValueError(f"compile={config.compile!r} is not allowed: choose '' (off) or a "
                          f"torch.compile backend, one of {', '.join(backends)}")
-    if not (c.device in ("auto", "cpu", "cuda", "mps") or c.device.startswith("cuda:")):
-        raise ValueError(f"device={c.device!r} is not allowed: choose 'auto', 'cpu', "
+    if not (config.device in ("auto", "cpu", "cuda", "mps") or config.device.startswith("cuda:")):
+        raise ValueError(f"device={config.device!r} is not allowed: choose 'auto', 'cpu', "
                          "'cuda', 'cuda:INDEX' or 'mps'")
-    if c.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={c.device!r} is not allowed: this torch build sees no CUDA "
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={config.device!r} is not allowed: this torch build sees no CUDA "
                          "device; use --device=cpu or --device=auto")
-    if c.device == "mps" and not torch.backends.mps.is_available():
+    if config.device == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device='mps' is not allowed: this machine or torch build has no "
                          "Apple GPU (MPS); use --device=cpu or --device=auto")
-    if resolve_device(c.device).type == "mps" and (c.amp or c.compile):
-        raise ValueError(f"amp={c.amp} with compile={c.compile!r} is not allowed on 'mps' "
-                         f"(device={c.device!r}): bfloat16 autocast and torch.compile are "
-                         "checked on CUDA only; run without them there (--amp=false --compile=)")
-    check_choice("task", c.task, TASKS)
-    if c.task == "mqar":
-        multiquery_ar(0, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed)
-    elif c.vocab_size < 3:
-        raise ValueError(f"vocab_size={c.vocab_size} is not allowed with task='lm': it must "
+    if resolve_device(config.device).type == "mps" and (config.amp or config.compile):
+        raise ValueError(f"amp={config.amp} with compile={config.compile!r} is not allowed on "
+                         f"'mps' (device={config.device!r}): bfloat16 autocast and torch.compile "
+                         "are checked on CUDA only; run without them there (--amp=false "
+                         "--compile=)")
+    check_choice("task", config.task, TASKS)
+    if config.task == "mqar":
+        multiquery_ar(0, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
+                      seed=config.seed)
+    elif config.vocab_size < 3:
+        raise ValueError(f"vocab_size={config.vocab_size} is not allowed with task='lm': it must "
                          "be >= 3 (<unk>, <eof> and a token)")
     return config
 
@@ -407,21 +401,21 @@ class LanguageModel(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        c = config
-        self.embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
         # "auto": learned positions when every mixer asks for them (`uses_positions`), as
         # attention has them in the official configs (max_position_embeddings = N)
-        use_pos = (c.position_embedding == "learned" or (c.position_embedding == "auto" and
-                   all(mixer_fact(mixer_class(name, kw.get("form", "paper")), "uses_positions")
-                       for name, kw in c.layers)))
-        self.pos = nn.Embedding(c.seq_len, c.d_model) if use_pos else None
-        self.drop = nn.Dropout(c.dropout)
+        use_pos = (config.position_embedding == "learned" or
+                   (config.position_embedding == "auto" and
+                    all(mixer_fact(mixer_class(name, kw.get("form", "paper")), "uses_positions")
+                        for name, kw in config.layers)))
+        self.pos = nn.Embedding(config.seq_len, config.d_model) if use_pos else None
+        self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
-            Block(build_mixer(name, c.d_model, c.seq_len, **kwargs), c.d_model, c.block, c.mlp,
-                  c.mlp_activation)
-            for name, kwargs in c.layers)
-        self.norm = nn.LayerNorm(c.d_model)
-        init_weights(self, c.init, c.n_layers, c.block)
+            Block(build_mixer(name, config.d_model, config.seq_len, **kwargs), config.d_model,
+                  config.block, config.mlp, config.mlp_activation)
+            for name, kwargs in config.layers)
+        self.norm = nn.LayerNorm(config.d_model)
+        init_weights(self, config.init, config.n_layers, config.block)
 
     def forward(self, tokens):
         """tokens (B, T) -> final hidden states (B, T, d); `logits` turns rows into scores."""
@@ -532,8 +526,10 @@ def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
     model.eval()
     correct = total = loss_sum = 0
     for i in range(0, len(inputs), batch_size):
-        loss, c, n = labelled_loss(model, inputs[i:i + batch_size], labels[i:i + batch_size])
-        correct, total, loss_sum = correct + int(c), total + n, loss_sum + loss.item() * n
+        loss, right, labelled = labelled_loss(model, inputs[i:i + batch_size],
+                                              labels[i:i + batch_size])
+        correct, total = correct + int(right), total + labelled
+        loss_sum = loss_sum + loss.item() * labelled
     model.train()
     return (correct / total, loss_sum / total) if with_loss else correct / total
 
@@ -550,20 +546,20 @@ def evaluation(model, valid, test, config, final=False):
     official harness stops on the test accuracy: experiments/README.md, "Which split
     decides".) Without a validation split (num_valid = 0) a run trains to the end.
     """
-    c, scores = config, {}
-    probe = lambda split: 0 < c.eval_probe < len(split[0]) and not final
+    scores = {}
+    probe = lambda split: 0 < config.eval_probe < len(split[0]) and not final
     whole = False                   # the whole validation split scored at this evaluation
     if len(valid[0]):
         whole = not probe(valid)
         if not whole:
-            scores["valid_probe"] = evaluate(model, *(x[:c.eval_probe] for x in valid))
-            whole = scores["valid_probe"] > c.target_acc
+            scores["valid_probe"] = evaluate(model, *(x[:config.eval_probe] for x in valid))
+            whole = scores["valid_probe"] > config.target_acc
         if whole:
             scores["valid_acc"], scores["valid_loss"] = evaluate(model, *valid, with_loss=True)
     if whole or not probe(test):
         scores["test_acc"] = evaluate(model, *test)
     else:
-        scores["test_probe"] = evaluate(model, *(x[:c.eval_probe] for x in test))
+        scores["test_probe"] = evaluate(model, *(x[:config.eval_probe] for x in test))
     return scores
 
 
@@ -596,14 +592,14 @@ def lr_at(step, config):
     E = ⌈max_steps / steps_per_epoch⌉ epochs: PyTorch's CosineAnnealingLR(T_max=E) stepped
     after every epoch, as the official trainer does (zoology/train.py).
     """
-    c = config
-    if c.schedule == "cosine_epochs":
-        epoch, epochs = step // steps_per_epoch(c), math.ceil(c.max_steps / steps_per_epoch(c))
-        return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, epoch / epochs)))
-    if step < c.warmup_steps:
-        return c.lr * (step + 1) / c.warmup_steps
-    progress = (step - c.warmup_steps) / max(1, c.max_steps - c.warmup_steps)
-    return c.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    if config.schedule == "cosine_epochs":
+        epoch = step // steps_per_epoch(config)
+        epochs = math.ceil(config.max_steps / steps_per_epoch(config))
+        return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, epoch / epochs)))
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def make_data(config):
@@ -619,10 +615,11 @@ def make_data(config):
 
 def mqar_split(config, split):
     """One MQAR split of `config` ("train", "test" or "valid"): make_data says its seed."""
-    c = config
-    n, seed = {"train": (c.num_train, 2 * c.seed), "test": (c.num_test, 2 * c.seed + 1),
-               "valid": (c.num_valid, 2**32 + c.seed)}[split]
-    return multiquery_ar(n, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=seed)
+    examples, seed = {"train": (config.num_train, 2 * config.seed),
+                      "test": (config.num_test, 2 * config.seed + 1),
+                      "valid": (config.num_valid, 2**32 + config.seed)}[split]
+    return multiquery_ar(examples, config.vocab_size, config.seq_len, config.num_kv_pairs,
+                         config.power_a, seed=seed)
 
 
 def train(config, data=None):
@@ -638,30 +635,30 @@ def train(config, data=None):
     `compile` through torch.compile; evaluation stays float32 and eager.
     """
     check_config(config)
-    c = config
-    device = resolve_device(c.device)
+    device = resolve_device(config.device)
     start = time.perf_counter()
     # every split moves to the device once, so that batches are cut there (on a GPU, no
     # host-to-device copy per step)
     (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in
-                                       (make_data(c) if data is None else data))
-    with seeded_rng(c.seed, device), stop_requests() as stop_requested:
-        model = LanguageModel(c).to(device)
-        optimizer = make_optimizer(model, c)
-        order = BatchOrder(c, device)
-        checkpoints = Checkpoints(c, model, optimizer, order, device)
+                                       (make_data(config) if data is None else data))
+    with seeded_rng(config.seed, device), stop_requests() as stop_requested:
+        model = LanguageModel(config).to(device)
+        optimizer = make_optimizer(model, config)
+        order = BatchOrder(config, device)
+        checkpoints = Checkpoints(config, model, optimizer, order, device)
         run = checkpoints.resume()      # step, history, seconds and resumes so far (0 if new)
-        forward = torch.compile(model, backend=c.compile) if c.compile else model
-        stop = min(c.max_steps, c.budget_steps) if c.budget_steps else c.max_steps
-        bar = tqdm(total=stop, initial=run["step"], desc=run_name(c), disable=not c.progress,
-                   leave=False)
+        forward = torch.compile(model, backend=config.compile) if config.compile else model
+        stop = (min(config.max_steps, config.budget_steps) if config.budget_steps
+                else config.max_steps)
+        bar = tqdm(total=stop, initial=run["step"], desc=run_name(config),
+                   disable=not config.progress, leave=False)
         ended = None                                                   # why the run stopped
         try:
             for step, rows in order.batches(run["step"]):
-                lr = lr_at(step, c)
+                lr = lr_at(step, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=c.amp):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp):
                     loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows])
                     loss = loss + model.aux_loss()
                 if not torch.isfinite(loss):
@@ -671,20 +668,20 @@ def train(config, data=None):
                     break
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if c.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), c.grad_clip)
+                if config.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 optimizer.step()
                 # the step is taken: evaluate now and then, decide whether to stop, checkpoint
                 run["step"] = step + 1
                 bar.update(1)
-                if run["step"] % c.eval_every == 0 or run["step"] == stop:
-                    scores = evaluation(model, valid, test, c, final=run["step"] == stop)
+                if run["step"] % config.eval_every == 0 or run["step"] == stop:
+                    scores = evaluation(model, valid, test, config, final=run["step"] == stop)
                     run["history"].append({"step": run["step"], "loss": loss.item(), **scores,
                                            "seconds": round(checkpoints.seconds(run), 2)})
                     shown = scores.get("valid_acc", scores.get("valid_probe"))
                     bar.set_postfix(loss=f"{loss.item():.3f}",
                                     valid="-" if shown is None else f"{shown:.3f}")
-                ended = stopping_reason(run, c, stop, stop_requested())
+                ended = stopping_reason(run, config, stop, stop_requested())
                 checkpoints.save_if_due(run, ended)
                 if ended:
                     break
@@ -696,14 +693,14 @@ def train(config, data=None):
         # the final model's scores on the whole splits: those of the last evaluation if it
         # scored them after the last step (a run that stopped on the target or at the end)
         last = run["history"][-1] if run["history"] else {}
-        whole = {"test_acc", "valid_acc"} if c.num_valid else {"test_acc"}
+        whole = {"test_acc", "valid_acc"} if config.num_valid else {"test_acc"}
         final = (last if last.get("step") == run["step"] and whole <= last.keys()
-                 else evaluation(model, valid, test, c, final=True))
+                 else evaluation(model, valid, test, config, final=True))
         selection = selected_rows(model, *test)          # (random rows: the run's generator)
         asked = stop_requested()       # also a Ctrl-C during the last step or evaluation
-    record = make_record(c, model, run, ended, final, selection, device,
+    record = make_record(config, model, run, ended, final, selection, device,
                          wall_time=time.perf_counter() - start)
-    save_run(record, model, c)
+    save_run(record, model, config)
     if ended == "interrupted" or asked:    # asked: finished all the same, but stop the caller
         raise KeyboardInterrupt
     return record
@@ -733,13 +730,15 @@ class BatchOrder:
 
     def batches(self, step):
         """(step, the rows of its batch on the device) from `step` on, without end."""
-        c = self.config
+        config = self.config
         while True:
             self.drawn_from = self.generator.get_state()   # this epoch's permutation's origin
-            perm = (torch.randperm(c.num_train, generator=self.generator) if c.shuffle
-                    else torch.arange(c.num_train))
-            for b in range(step % steps_per_epoch(c), steps_per_epoch(c)):  # resumed: mid-epoch
-                yield step, perm[b * c.batch_size:(b + 1) * c.batch_size].to(self.device)
+            perm = (torch.randperm(config.num_train, generator=self.generator) if config.shuffle
+                    else torch.arange(config.num_train))
+            first = step % steps_per_epoch(config)                # resumed: mid-epoch
+            for batch in range(first, steps_per_epoch(config)):
+                rows = perm[batch * config.batch_size:(batch + 1) * config.batch_size]
+                yield step, rows.to(self.device)
                 step += 1
 
     def state(self, step):
@@ -783,10 +782,10 @@ class Checkpoints:
     def save_if_due(self, run, ended):
         """Checkpoint at an epoch's end, every checkpoint_every seconds, or when
         interrupted; never when the run has ended otherwise (its record follows)."""
-        c = self.config
+        config = self.config
         if ended in (None, "interrupted") and (
-                run["step"] % steps_per_epoch(c) == 0 or ended or
-                0 < c.checkpoint_every < time.perf_counter() - self.last_save):
+                run["step"] % steps_per_epoch(config) == 0 or ended or
+                0 < config.checkpoint_every < time.perf_counter() - self.last_save):
             self.save({**run, "train_time": self.seconds(run)})
             self.last_save = time.perf_counter()
 
@@ -883,16 +882,16 @@ def identity(config):
 
 def run_name(config):
     """A readable, unique file name: the key settings and a hash of `identity`."""
-    c = config
-    digest = hashlib.sha1(identity(c).encode()).hexdigest()
-    mixer = ",".join(_readable(entry) for entry in c.mixer.split(","))
+    digest = hashlib.sha1(identity(config).encode()).hexdigest()
+    mixer = ",".join(_readable(entry) for entry in config.mixer.split(","))
     mixer = mixer.replace(",", "+").replace(":", "-").replace("=", "")
     if len(mixer) > 140:   # a long stack (a file name has at most 255 bytes): a repeated
         runs = itertools.groupby(mixer.split("+"))      # layer once with its count, and cut
         mixer = "+".join(f"{n}x{k}" if n > 1 else k
                          for k, n in ((k, len(list(g))) for k, g in runs))[:120]
-    task = f"D{c.num_kv_pairs}" if c.task == "mqar" else c.task
-    return f"{mixer}-N{c.seq_len}-{task}-d{c.d_model}-lr{c.lr:g}-s{c.seed}-{digest[:8]}"
+    task = f"D{config.num_kv_pairs}" if config.task == "mqar" else config.task
+    return (f"{mixer}-N{config.seq_len}-{task}-d{config.d_model}-lr{config.lr:g}-"
+            f"s{config.seed}-{digest[:8]}")
 
 
 def _readable(entry):
@@ -1055,8 +1054,9 @@ def summarize(records):
 def budget_text(records):
     """The task and training budget of `records`, each distinct value listed: "c = 512, at
     most 8,000 steps of 128 examples" (at most: a run stops early at its target_acc)."""
-    steps = lambda c: (c["budget_steps"] if 0 < c["budget_steps"] < c["max_steps"]
-                       else c["max_steps"])
+    steps = lambda config: (config["budget_steps"]
+                            if 0 < config["budget_steps"] < config["max_steps"]
+                            else config["max_steps"])
     vocab = ", ".join(map(str, sorted({r["config"]["vocab_size"] for r in records})))
     budgets = sorted({(steps(r["config"]), r["config"]["batch_size"]) for r in records})
     return f"c = {vocab}, at most " + ", ".join(f"{s:,} steps of {b:,}"
@@ -1151,9 +1151,10 @@ def runs_table(records, order=None, curves=False):
         header.insert(7, "test accuracy at each evaluation")
     table = []
     for r in sorted(records, key=key):
-        c = Config(**r["config"])
-        row = [c.label or c.mixer, c.seq_len, c.num_kv_pairs, c.d_model, c.seed,
-               f"{r['steps']:,} ({examples_seen(c, r['steps']):,})", ENDED[r["ended"]],
+        config = Config(**r["config"])
+        row = [config.label or config.mixer, config.seq_len, config.num_kv_pairs,
+               config.d_model, config.seed,
+               f"{r['steps']:,} ({examples_seen(config, r['steps']):,})", ENDED[r["ended"]],
                acc_text(r["test_acc"]), acc_text(r["valid_acc"]) if "valid_acc" in r else "–",
                f"{r['train_time_s']:.0f}"]
         if curves:
@@ -1173,8 +1174,8 @@ def plot_curves(records, path, scale, reference, name, colors):
     colour. The title names the runs (`name`), their `scale`, budget and seeds."""
     plt = pyplot()
     from matplotlib.lines import Line2D
-    shape = lambda c: (c["seq_len"], c["num_kv_pairs"], c["d_model"])
-    model = lambda c: c["label"] or c["mixer"]
+    shape = lambda config: (config["seq_len"], config["num_kv_pairs"], config["d_model"])
+    model = lambda config: config["label"] or config["mixer"]
     labels = sorted({model(r["config"]) for r in records})
     shapes = sorted({shape(r["config"]) for r in records})
     style = lambda s: dict(ls=CURVE_STYLES[shapes.index(s) % len(CURVE_STYLES)],
@@ -1182,18 +1183,18 @@ def plot_curves(records, path, scale, reference, name, colors):
     fig, ax = plt.subplots(figsize=(8, 4))
     papers = {}
     for r in sorted(records, key=lambda r: (model(r["config"]), shape(r["config"]))):
-        c, h = r["config"], r["history"]
-        label, color = model(c), model_color(model(c), colors)
-        x = [e["step"] * c["batch_size"] for e in h]
+        config, h = r["config"], r["history"]
+        label, color = model(config), model_color(model(config), colors)
+        x = [e["step"] * config["batch_size"] for e in h]
         ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color, ms=3,
-                label="{} N={} D={} d={}".format(label, *shape(c)), **style(shape(c)))
+                label="{} N={} D={} d={}".format(label, *shape(config)), **style(shape(config)))
         probes = [(xe, e["test_probe"]) for xe, e in zip(x, h) if "test_acc" not in e]
         if probes:                               # a probe's score: hollow
-            ax.plot(*zip(*probes), ls="", marker=style(shape(c))["marker"], ms=3,
+            ax.plot(*zip(*probes), ls="", marker=style(shape(config))["marker"], ms=3,
                     color="white", markeredgecolor=color)
-        paper = reference(Config(**c))
+        paper = reference(Config(**config))
         if paper is not None:
-            papers[label, shape(c)] = paper, color
+            papers[label, shape(config)] = paper, color
     handles = [Line2D([], [], color=model_color(label, colors), lw=2, label=label)
                for label in labels]
     handles += [Line2D([], [], color="0.3", ms=3, label="N={} D={} d={}".format(*s), **style(s))
@@ -1243,7 +1244,8 @@ def main_job(folder="results/runs/main"):
         records.append(train(make_config(label=label, mixer=mixer, out_dir=folder,
                                          max_steps=MAIN_STEPS)))
     print(runs_table(records, {label: i for i, label in enumerate(MAIN_MODELS)}))
-    reference = lambda c: MAIN_FIGURE2.get(c.label) if (c.seq_len, c.d_model) == (64, 64) else None
+    reference = lambda config: (MAIN_FIGURE2.get(config.label)
+                                if (config.seq_len, config.d_model) == (64, 64) else None)
     path = plot_curves(records, folder + ".png", "cpu scale", reference, Path(folder).name,
                        MAIN_COLORS)
     print(f"wrote {path}")
@@ -1252,11 +1254,6 @@ def main_job(folder="results/runs/main"):
 
 # ----------------------------------------------------------------------------------------
 # the command line: the main job, one run, or COUNT seeds of it
-
-# the lab's commands (experiments/), which train.py names instead of running
-LAB_FLAGS = ("--sweep", "--scale", "--dry_run", "--workers", "--launcher", "--plot", "--table",
-             "--lm", "--ar_threshold", "--hf", "--samples", "--bench")
-
 
 def main(argv):
     """The command line: the main job (no arguments), one run (--key=value ...), or
@@ -1267,12 +1264,6 @@ def main(argv):
             print(f"  --{f.name}={getattr(Config(), f.name)}")
         return 0
     try:
-        lab = [a for a in argv if a.split("=", 1)[0] in LAB_FLAGS or
-               a.startswith("--preset=") and a != "--preset=cpu"]
-        if lab:
-            raise ValueError(f"{lab[0]} is not allowed: the paper's experiments, sweeps, tables, "
-                             "figures and presets are the lab's, run it as python -m "
-                             "experiments " + " ".join(argv))
         if not argv:
             main_job()
             return 0

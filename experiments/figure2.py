@@ -27,8 +27,9 @@ from experiments.figures import (MARKERS, cells_table, dodge, figure2_at_64, fig
                                  scale_text, sweep_scale)
 from experiments.presets import (FIGURE2_MIXERS, PAPER_GRID, PAPER_LRS, PLOTTED_MIXERS,
                                  plotted_recipe)
-from train import (BASE_CONV, ENDED, Config, acc_text, budget_text, markdown, mixer_setting,
-                   pyplot, save_figure, seeds_text, steps_per_epoch, wrapped)
+from mixers import mixer_setting
+from train import (BASE_CONV, ENDED, Config, acc_text, budget_text, markdown, pyplot,
+                   save_figure, seeds_text, steps_per_epoch, wrapped)
 
 
 # ----------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ A model reaches them as it reaches any mixer outside mixers.py (mixers.load_outs
 mixer option form=official (`--mixer=base_conv:form=official`, and the per-layer forms of
 `--preset=figure2`) names mixers.OFFICIAL_FORMS[name], "experiments.official:OfficialX",
 which mixers.py loads by that name when a run asks for it; mixers.py does not import this
-module. A record names the mixer as it did when these classes lived in mixers.py
-(base_conv:form=official), so every record keeps its name.
+module. A record names the mixer by its name and form (base_conv:form=official), not by
+the module that holds its class.
 
 Each class keeps mixers.py's interface and contract (forward, step, state_size; mixers.py's
 docstring); its "To copy:" line names what to copy from here and from mixers.py.
@@ -111,7 +111,7 @@ class OfficialHyena(Mixer):
     so with a per-channel bias, drawn as PyTorch draws it) give x1, x2, v, then ONE long
     convolution gated before and after, y = x2 ⊙ (h ∗ (x1 ⊙ v) + bias ⊙ (x1 ⊙ v)), with
     bias ~ N(0, 1) per channel and h the official filter (OfficialImplicitFilter). Its
-    "order 2" counts the gates; Algorithm 3's L counts convolutions: only order=2.
+    "order 2" counts the gates; Algorithm 3's order counts convolutions: only order=2.
     `step`'s state: min(t, K_short-1)·3·d + min(t, seq_len-1)·d numbers.
     To copy: this class, hyena_official_operator, OfficialImplicitFilter (with ImplicitFilter,
     positional_features, exponential_decay and OFFICIAL_FREQUENCIES), ExplicitFilter,
@@ -161,10 +161,10 @@ class OfficialHyena(Mixer):
 class OfficialH3(H3):
     """form="official": Zoology's H3 (zoology/mixers/h3/), as Figure 2 ran it with d_state=N
     and head_dim=2 (configs.py; set those two as options): the bilinear discretization of
-    its SSKernelDiag, shift taps drawn as its SSKernelShift draws C (U(±1/√n)) plus its skip
-    ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official kernels also train B (the
-    shift SSM's, starting at e_0, and the diagonal SSM's, starting at 1), which only
-    reparametrises the same kernels; its output channels come in (j, head) order, a
+    its SSKernelDiag, shift taps drawn as its SSKernelShift draws C (U(±1/√shift_size)) plus
+    its skip ssm_k_D ~ N(0, 1) on tap 0. Deviations left: the official kernels also train
+    the input maps (the shift SSM's, starting at e_0, and the diagonal SSM's, starting at 1),
+    which only reparametrises the same kernels; its output channels come in (j, head) order, a
     permutation that the output projection absorbs.
     To copy: this class, conv1d_init_ and H3 with what its line names.
     """
@@ -206,18 +206,18 @@ class OfficialRWKV(RWKV):
             self.mix_v.copy_((i / d) ** b + 0.3 * a)
 
 
-def official_selection_aux_loss(f, k):
-    """max(0, mean(f) - k/N), the mean over batch and positions: the official
+def official_selection_aux_loss(f, budget):
+    """max(0, mean(f) - budget/N), the mean over batch and positions: the official
     SigmoidLookups' penalty (before its weight). f (B, N)."""
-    return torch.relu(f.mean() - k / f.shape[-1])
+    return torch.relu(f.mean() - budget / f.shape[-1])
 
 
 class OfficialSelectiveAttention(Mixer):
     """form="official": Zoology's SigmoidLookups (zoology/mixers/selective.py), a learned
-    selection: f = σ(u w) without a bias (w drawn N(0, 0.02), as the official init draws
-    its nn.Linear(d, 1, bias=False)), y = f ⊙ attention(u) + u (the input passes through
-    every row), aux loss aux_weight·max(0, mean(f) - k/N) over batch and positions with
-    aux_weight 0.001 and k = √N (its defaults). At inference (inference="topk", its rule)
+    selection: f = σ(u·gate) without a bias (gate drawn N(0, 0.02), as the official init
+    draws its nn.Linear(d, 1, bias=False)), y = f ⊙ attention(u) + u (the input passes
+    through every row), aux loss aux_weight·max(0, mean(f) - top_k/N) over batch and
+    positions with aux_weight 0.001 and top_k = √N (its defaults). At inference (inference="topk", its rule)
     the ⌈√N⌉ rows of largest f get u + f ⊙ attention(u), the others u; "threshold" keeps
     the rows with f > 0.5 (causal: `step` runs it). State of `step`: the KV cache, 2·t·d.
     To copy: this class, top_k_rows, official_selection_aux_loss and Attention with what its
@@ -240,10 +240,10 @@ class OfficialSelectiveAttention(Mixer):
 
     def forward(self, x, tokens=None):
         f = torch.sigmoid(x @ self.gate)                                     # (B, T)
-        k = self.top_k if self.top_k is not None else math.sqrt(x.shape[1])
-        self.aux_loss = self.aux_weight * official_selection_aux_loss(f, k)
+        budget = self.top_k if self.top_k is not None else math.sqrt(x.shape[1])
+        self.aux_loss = self.aux_weight * official_selection_aux_loss(f, budget)
         if not self.training:         # the kept rows carry their soft f
-            f = f * (top_k_rows(f, math.ceil(k)) if self.inference == "topk" else f > 0.5)
+            f = f * (top_k_rows(f, math.ceil(budget)) if self.inference == "topk" else f > 0.5)
         self.selected = f.detach()                 # the last forward's rows (train.py counts)
         return self.attention(x) * f[..., None] + x
 
