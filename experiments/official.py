@@ -3,7 +3,7 @@ d88d6f5) trained where a figure or section trained something other than the oper
 paper's text defines (Figure 2's BaseConv, Hyena, H3 and RWKV rows; Section 5's learned
 selection). mixers.py holds the paper's form of each; here is the official one, a class
 of its own whose docstring names the official file and each difference, checked in
-test_all.py against a literal transcription of the official forward.
+experiments/test_lab.py against a literal transcription of the official forward.
 
 A model reaches them as it reaches any mixer outside mixers.py (mixers.load_outside): the
 mixer option form=official (`--mixer=base_conv:form=official`, and the per-layer forms of
