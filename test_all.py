@@ -202,7 +202,7 @@ def test_random_non_queries_are_uniform_over_the_allowed_tokens():
     assert not (filler[:, None] == keys).any()
     counts = np.bincount(filler.numpy(), minlength=c)
     assert (counts[0] > 0) and (counts[c // 2:] > 0).all()
-    # P(token t) = P(t not a key) / (c - D): compute it from the key frequencies
+    # P(token i) = P(i not a key) / (c - D): compute it from the key frequencies
     key_freq = np.bincount(keys.flatten().numpy(), minlength=c) / len(x)
     probs = (1 - key_freq) / (c - D)
     stat, dof = chi2_gof(counts, probs / probs.sum())
@@ -283,7 +283,7 @@ def test_ar_hits_are_a_loop_over_each_context():
         counts[a, b] = counts.get((a, b), 0) + 1
     bigrams = mqar.bigram_counts(train_stream, c)
     assert dict(zip(bigrams[0].tolist(), bigrams[1].tolist())) == {
-        a * c + b: n for (a, b), n in counts.items()}
+        a * c + b: count for (a, b), count in counts.items()}
     for threshold in range(4):
         want = np.zeros(contexts.shape, dtype=bool)
         for row, x in enumerate(contexts.tolist()):
@@ -467,7 +467,7 @@ def test_a_registered_mixer_provides_the_interface(name, form):
     mix(m, torch.randn(3, 24, 16))
     assert m.aux_loss is None or m.aux_loss.shape == ()
     # forward, step and state_size on (B, T, d) and (B, d): the mixer contract, over CASES
-    assert any(n == name and kw.get("form", "paper") == form for n, kw in CASES)
+    assert any(case == name and kw.get("form", "paper") == form for case, kw in CASES)
 
 
 # ----------------------------------------------------------------------------------------
@@ -521,7 +521,7 @@ class Wide(nn.Module):
 
 
 class Shift(nn.Module):
-    """y_t = W x_(t-shift): no step, no state_size."""
+    """y_t = proj(x_(t-shift)): no step, no state_size."""
 
     def __init__(self, d_model, seq_len, shift=1):
         super().__init__()
@@ -614,10 +614,10 @@ def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeyp
     Path("i38_pkg/__init__.py").write_text("")
     Path("i38_pkg/layers.py").write_text(BROKEN_SOURCE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    c = train.make_config(mixer="i38_pkg.layers:GLA", d_model=16, seq_len=16, num_kv_pairs=2,
-                          vocab_size=64)
-    assert c.mixer_source == f"i38_pkg.layers={mixers.source_digest(BROKEN_SOURCE)}"
-    assert train.run_name(c).startswith("i38_pkg.layers-GLA-N16-")
+    config = train.make_config(mixer="i38_pkg.layers:GLA", d_model=16, seq_len=16,
+                               num_kv_pairs=2, vocab_size=64)
+    assert config.mixer_source == f"i38_pkg.layers={mixers.source_digest(BROKEN_SOURCE)}"
+    assert train.run_name(config).startswith("i38_pkg.layers-GLA-N16-")
 
 
 def test_a_mixer_of_your_own_trains_by_its_path_and_its_source_names_the_run(tmp_path,
@@ -729,7 +729,8 @@ def mixers_top_level(modules=(mixers,)):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and module is mixers:
                 imports.append("\n".join(lines[node.lineno - 1:node.end_lineno]))
             names = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                     [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)])
+                     [target.id for target in getattr(node, "targets", [])
+                      if isinstance(target, ast.Name)])
             definitions.update(dict.fromkeys(names, node))
     source = lambda node: "\n".join(where[node][node.lineno - 1:node.end_lineno])
     return definitions, source, imports
@@ -741,10 +742,10 @@ def definitions_needed(name, modules=(mixers,)):
     definitions, _, _ = mixers_top_level(modules)
     needed, todo = set(), [name]
     while todo:
-        n = todo.pop()
-        if n not in needed and n in definitions and n != "MIXERS":
-            needed.add(n)
-            todo += [m.id for m in ast.walk(definitions[n]) if isinstance(m, ast.Name)]
+        used = todo.pop()
+        if used not in needed and used in definitions and used != "MIXERS":
+            needed.add(used)
+            todo += [m.id for m in ast.walk(definitions[used]) if isinstance(m, ast.Name)]
     return needed - {name}
 
 
@@ -770,7 +771,7 @@ def assert_the_copy_runs_as_the_module(cls, modules=(mixers,), **options):
     needed = definitions_needed(cls.__name__, modules) | {cls.__name__}
     assert named == needed, f"the line misses {needed - named}, names unused {named - needed}"
     order = list(definitions.values())
-    nodes = sorted({definitions[n] for n in named}, key=order.index)
+    nodes = sorted({definitions[used] for used in named}, key=order.index)
     copy = "\n".join(imports + [source(node) for node in nodes])
     namespace = {"__name__": "copied"}
     exec(compile(copy, f"<the copy of {cls.__name__}>", "exec"), namespace)
@@ -809,7 +810,7 @@ def test_a_paper_form_copies_without_the_official_machinery(name):
     (long_conv)."""
     needed = definitions_needed(MIXERS[name].__name__)
     # long_conv's filter="mlp" is the official BaseConv's filter, over the official features
-    official = {n for n in needed if "official" in n.lower()}
+    official = {used for used in needed if "official" in used.lower()}
     assert official == ({"OFFICIAL_FREQUENCIES"} if name == "long_conv" else set()), needed
     assert ("FILTERS" in needed) == (name == "long_conv")
 
@@ -839,8 +840,7 @@ def test_initial_values_are_the_ones_the_papers_fix():
         return low <= lo < low + margin and high - margin < hi <= high
 
     m = mixers.Mamba(64, 32, d_state=16)                        # Mamba (Gu & Dao, §3.6)
-    n = torch.arange(1, 17.0)
-    assert torch.equal(m.A_log, torch.log(n).repeat(128, 1))
+    assert torch.equal(m.A_log, torch.log(torch.arange(1, 17.0)).repeat(128, 1))
     assert torch.equal(m.skip, torch.ones(128))
     assert spans(F.softplus(m.dt_bias), 1e-3, 0.1)                  # log-uniform in [1e-3, 1e-1]
     r = m.dt_proj.in_features
@@ -865,13 +865,13 @@ def test_initial_values_are_the_ones_the_papers_fix():
     assert spans(gdn.A_log.exp(), 0, 16, log=False)
     assert spans(F.softplus(gdn.dt_bias), 1e-3, 0.1)
     r7 = mixers.RWKV7(8, 32, num_heads=2)                       # fla's first layer
-    n = torch.arange(8.0)
-    assert torch.allclose(r7.mix[0], 1 - (n / 8) ** 0.2)
-    assert torch.allclose(r7.mix[1], 1 - (n / 8) ** 0.9)
-    assert torch.allclose(r7.k_k, 0.71 - 0.1 * (n / 7 - 0.5)) and torch.all(r7.k_a == 1.02)
-    # ((n mod 4) - 1.5) / 1.5, signed square
+    ch = torch.arange(8.0)
+    assert torch.allclose(r7.mix[0], 1 - (ch / 8) ** 0.2)
+    assert torch.allclose(r7.mix[1], 1 - (ch / 8) ** 0.9)
+    assert torch.allclose(r7.k_k, 0.71 - 0.1 * (ch / 7 - 0.5)) and torch.all(r7.k_a == 1.02)
+    # ((ch mod 4) - 1.5) / 1.5, signed square
     zigzag = torch.tensor([-1.0, -1 / 9, 1 / 9, 1.0]).repeat(2)
-    assert torch.allclose(r7.w_lora.up.bias, -6 + 6 * n / 7 + 0.5 + 2.5 * zigzag)
+    assert torch.allclose(r7.w_lora.up.bias, -6 + 6 * ch / 7 + 0.5 + 2.5 * zigzag)
     assert torch.allclose(r7.k_proj.weight @ r7.k_proj.weight.T, 0.01 * torch.eye(8), atol=1e-6)
 
 
@@ -888,10 +888,10 @@ def test_attention_module_is_multihead_softmax_written_out(impl):
     q, k, v = (x @ m.qkv.weight.T + m.qkv.bias).split(16, -1)
     y = torch.empty(2, T, 16, dtype=F64)
     for h in range(H):
-        c = slice(h * hs, (h + 1) * hs)
+        head = slice(h * hs, (h + 1) * hs)
         for i in range(T):
-            w = ((q[:, i:i + 1, c] * k[:, :i + 1, c]).sum(-1) / math.sqrt(hs)).softmax(-1)
-            y[:, i, c] = (w[..., None] * v[:, :i + 1, c]).sum(1)
+            w = ((q[:, i:i + 1, head] * k[:, :i + 1, head]).sum(-1) / math.sqrt(hs)).softmax(-1)
+            y[:, i, head] = (w[..., None] * v[:, :i + 1, head]).sum(1)
     assert torch.allclose(m(x), y @ m.out_proj.weight.T + m.out_proj.bias, atol=1e-12)
 
 
@@ -928,25 +928,25 @@ def test_masks_are_what_their_docstrings_say():
 @pytest.mark.parametrize("T", [20, 24])
 def test_windowed_fast_forms_equal_their_masked_references(T):
     """Outputs and gradients, heads taken from a (B, T, H, hs) layout as the modules do, T
-    a multiple of W or b (20) or ragged (24), windows from 1 to past T. (CASES covers the
-    modules at T=24 with W = b = 5 only.)"""
+    a multiple of the window or block (20) or ragged (24), windows from 1 to past T. (CASES
+    covers the modules at T=24 with window = block_size = 5 only.)"""
     q, k, v = (torch.randn(2, T, 4, 3, dtype=F64).transpose(1, 2).requires_grad_()
                for _ in range(3))
     for fast, ref in (mixers.SLIDING_WINDOW_IMPLS.values(),
                       mixers.BLOCKED_ATTENTION_IMPLS.values()):
-        for W in (1, 4, 5, 7, T - 1, T, T + 5):
-            yf, yr = fast(q, k, v, W), ref(q, k, v, W)
-            assert torch.allclose(yf, yr, atol=1e-12, rtol=0), (fast.__name__, W)
+        for window in (1, 4, 5, 7, T - 1, T, T + 5):
+            yf, yr = fast(q, k, v, window), ref(q, k, v, window)
+            assert torch.allclose(yf, yr, atol=1e-12, rtol=0), (fast.__name__, window)
             gy = torch.randn_like(yf)
             for a, b in zip(torch.autograd.grad(yf, (q, k, v), gy),
                             torch.autograd.grad(yr, (q, k, v), gy)):
-                assert torch.allclose(a, b, atol=1e-12, rtol=0), (fast.__name__, W)
+                assert torch.allclose(a, b, atol=1e-12, rtol=0), (fast.__name__, window)
 
 
 @pytest.mark.parametrize("impl", ["fast", "reference"])
 def test_window_of_T_or_more_is_exactly_attention_and_of_one_attends_only_to_itself(impl):
-    """W >= T: attention, bit for bit (W = T - 1 is not). W = 1: softmax over a single key
-    is 1, so y_i = W_o v_i + b_o, and step keeps nothing."""
+    """A window of T or more: attention, bit for bit (T - 1 is not). A window of 1: softmax
+    over a single key is 1, so y_i = W_o v_i + b_o, and step keeps nothing."""
     x = torch.randn(2, 24, 16, dtype=F64)
     attn = make_mixer("attention", impl=impl)
     y = attn(x)
@@ -1067,10 +1067,10 @@ def test_causal_conv_continues_from_its_state(impl):
         y, _ = mixers.causal_conv(u, h, impl)
         for pieces in ([1] * 12, [5, 7]):
             state, ys, t = None, [], 0
-            for n in pieces:
-                y_part, state = mixers.causal_conv(u[:, t:t + n], h, impl, state)
+            for length in pieces:
+                y_part, state = mixers.causal_conv(u[:, t:t + length], h, impl, state)
                 ys.append(y_part)
-                t += n
+                t += length
                 assert torch.equal(state, u[:, t - min(t, K - 1):t])
             assert torch.allclose(torch.cat(ys, 1), y, atol=1e-12)
 
@@ -1105,15 +1105,17 @@ def test_base_conv_paper_form_is_the_formula():
 
 
 def test_positional_features_are_the_official_ones():
-    """zoology's PositionalEmbedding(emb_dim, L): t = linspace(0, 1, L), w = 2π·n/L,
-    f = linspace(1e-4, bands - 1, bands), z = [t, Re, Im of exp(-i f w)]."""
-    for L, bands in ((24, 1), (50, 4)):
-        t = torch.linspace(0, 1, L, dtype=F64)[:, None]
-        w = 2 * math.pi * torch.linspace(0, L - 1, L, dtype=F64)[:, None] / L
+    """zoology's PositionalEmbedding(emb_dim, seq_len): t = linspace(0, 1, seq_len),
+    w = 2π·s/seq_len at s = 0, ..., seq_len - 1, f = linspace(1e-4, bands - 1, bands),
+    z = [t, Re, Im of exp(-i f w)]."""
+    for seq_len, bands in ((24, 1), (50, 4)):
+        t = torch.linspace(0, 1, seq_len, dtype=F64)[:, None]
+        w = 2 * math.pi * torch.linspace(0, seq_len - 1, seq_len, dtype=F64)[:, None] / seq_len
         f = torch.linspace(1e-4, bands - 1, bands, dtype=F64)[None]
         z = torch.exp(-1j * f * w)
         expected = torch.cat([t, z.real, z.imag], dim=-1)
-        assert torch.allclose(mixers.positional_features(L, f[0], dtype=F64), expected, atol=1e-12)
+        assert torch.allclose(mixers.positional_features(seq_len, f[0], dtype=F64), expected,
+                              atol=1e-12)
     z = mixers.positional_features(64, mixers.OFFICIAL_FREQUENCIES, dtype=F64)
     assert z.shape == (64, 3), "t, cos, -sin of one band"
     assert (z[:, 1] - 1).abs().max() < 1e-6 and z[:, 2].abs().max() < 1e-3, "~constants"
@@ -1137,10 +1139,10 @@ def test_hyena_is_algorithm_3(order):
     T, d = 6, 2
     m = make_mixer("hyena", d=d, T=T, order=order)
     u = torch.randn(1, T, d, dtype=F64)
-    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (L+1)·d)
+    proj = u[0] @ m.in_proj.weight.T + m.in_proj.bias                        # (T, (order+1)·d)
     g, hl = m.short_filter(), m.long_filter()
-    short = [[sum(g[c, s] * proj[t - s, c] for s in range(min(t + 1, g.shape[1])))
-              for c in range((order + 1) * d)] for t in range(T)]
+    short = [[sum(g[ch, s] * proj[t - s, ch] for s in range(min(t + 1, g.shape[1])))
+              for ch in range((order + 1) * d)] for t in range(T)]
     p = [[[short[t][l * d + ch] for ch in range(d)] for t in range(T)] for l in range(order)]
     z = [[short[t][order * d + ch] for ch in range(d)] for t in range(T)]       # z^0 = v
     for l in range(order):
@@ -1175,17 +1177,17 @@ def test_ssm_discretization_is_zero_order_hold():
     log_dt = torch.tensor([-1.0, -3.0], dtype=F64)
     A = torch.tensor([[-0.5 + 2.0j], [-0.1 + 0.3j]], dtype=torch.complex128)
     log_dA, dB = mixers.ssm_discretize(log_dt, A)
-    for c in range(2):
+    for ch in range(2):
         M = torch.zeros(2, 2, dtype=torch.complex128)
-        M[0, 0], M[0, 1] = A[c, 0], 1
-        E = torch.linalg.matrix_exp(log_dt[c].exp() * M)
-        assert torch.allclose(log_dA[c, 0].exp(), E[0, 0], atol=1e-12)
-        assert torch.allclose(dB[c, 0], E[0, 1], atol=1e-12)
+        M[0, 0], M[0, 1] = A[ch, 0], 1
+        E = torch.linalg.matrix_exp(log_dt[ch].exp() * M)
+        assert torch.allclose(log_dA[ch, 0].exp(), E[0, 0], atol=1e-12)
+        assert torch.allclose(dB[ch, 0], E[0, 1], atol=1e-12)
 
 
 def test_ssm_bilinear_discretization_is_the_official_kernels():
     """SSKernelDiag(disc="bilinear"): dA = (1 + ΔA/2)/(1 - ΔA/2), dB = Δ/(1 - ΔA/2), and
-    its kernel 2·Re Σ_n C_n dB_n dA_n^ℓ (log_vandermonde on dA.log())."""
+    its kernel 2·Re Σ_r C_r dB_r dA_r^ℓ over the modes r (log_vandermonde on dA.log())."""
     torch.manual_seed(0)
     log_dt = torch.empty(3, dtype=F64).uniform_(math.log(1e-3), math.log(1e-1))
     A = torch.complex(-0.5 * torch.ones(3, 4), math.pi * torch.arange(4.0).repeat(3, 1)).to(
@@ -1196,7 +1198,7 @@ def test_ssm_bilinear_discretization_is_the_official_kernels():
     log_dA, got_dB = mixers.ssm_discretize(log_dt, A, "bilinear")
     assert torch.allclose(log_dA.exp(), dA, atol=1e-12) and torch.allclose(got_dB, dB)
     ell = torch.arange(30, dtype=F64)
-    K = 2 * torch.einsum("dn,dnl->dl", C * dB, dA[..., None] ** ell).real
+    K = 2 * torch.einsum("dr,drl->dl", C * dB, dA[..., None] ** ell).real
     assert torch.allclose(mixers.diagonal_ssm_kernel(log_dt, A, C, 30, "bilinear"), K, atol=1e-12)
     with pytest.raises(ValueError, match="discretization='euler'"):
         mixers.ssm_discretize(log_dt, A, "euler")
@@ -1350,17 +1352,17 @@ def test_every_form_of_a_recurrence_is_the_reference_and_continues_from_its_stat
     close = lambda a, b: torch.allclose(a, b, atol=1e-10, rtol=1e-10)
     dim = 1 if name in ("wkv", "selective_scan", "ssd") else 2
     for key, form in forms.items():
-        for C in (1, 4, 8, 64):
-            y_whole, s_whole = run(form, slice(None), chunk_size=C)
-            y1, s1 = run(form, slice(0, cut_at), chunk_size=C)
-            y2, s2 = run(form, slice(cut_at, T), state=s1, chunk_size=C)
-            assert close(torch.cat([y1, y2], dim), y_whole), (key, C)
+        for chunk_size in (1, 4, 8, 64):
+            y_whole, s_whole = run(form, slice(None), chunk_size=chunk_size)
+            y1, s1 = run(form, slice(0, cut_at), chunk_size=chunk_size)
+            y2, s2 = run(form, slice(cut_at, T), state=s1, chunk_size=chunk_size)
+            assert close(torch.cat([y1, y2], dim), y_whole), (key, chunk_size)
             assert all(close(a, b) for a, b in zip(comparable(s2), comparable(s_whole),
-                                                   strict=True)), (key, C)
+                                                   strict=True)), (key, chunk_size)
             if key != "reference":
-                assert close(y_whole, y), (key, C)
+                assert close(y_whole, y), (key, chunk_size)
                 assert all(close(a, b) for a, b in zip(comparable(s_whole), comparable(state),
-                                                       strict=True)), (key, C)
+                                                       strict=True)), (key, chunk_size)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1441,11 +1443,11 @@ def test_retnet_module_is_multi_scale_retention_written_out(impl):
     q, k, v, g = (x @ lin.weight.T for lin in (m.q_proj, m.k_proj, m.v_proj, m.g_proj))
     o = torch.zeros(2, T, 16, dtype=F64)
     for h in range(H):
-        c, gamma = slice(h * hs, (h + 1) * hs), 1 - 2.0 ** (-5 - h)
+        head, gamma = slice(h * hs, (h + 1) * hs), 1 - 2.0 ** (-5 - h)
         for t in range(T):
-            o_t = sum(gamma ** (t - j) * (q[:, t, c] * k[:, j, c]).sum(-1, keepdim=True)
-                      / math.sqrt(hs) * v[:, j, c] for j in range(t + 1))
-            o[:, t, c] = (o_t - o_t.mean(-1, keepdim=True)) / torch.sqrt(
+            o_t = sum(gamma ** (t - j) * (q[:, t, head] * k[:, j, head]).sum(-1, keepdim=True)
+                      / math.sqrt(hs) * v[:, j, head] for j in range(t + 1))
+            o[:, t, head] = (o_t - o_t.mean(-1, keepdim=True)) / torch.sqrt(
                 o_t.var(-1, unbiased=False, keepdim=True) + 1e-5)
     want = (torch.nn.functional.silu(g) * o) @ m.out_proj.weight.T
     assert torch.allclose(m(x), want, atol=1e-12)
@@ -1493,8 +1495,8 @@ def test_based_module_is_taylor_linear_attention_written_out(impl):
 
 def test_based_state_size_counts_features_times_values_plus_normaliser():
     m = mixers.Based(64, 32, feature_dim=16, num_heads=2)
-    Fd = 1 + 16 + 16 * 17 // 2                  # the compact features: each x_a x_b once
-    assert m.state_size(7) == 2 * (32 * Fd + Fd)
+    features = 1 + 16 + 16 * 17 // 2            # the compact features: each x_a x_b once
+    assert m.state_size(7) == 2 * (32 * features + features)
 
 
 # ----------------------------------------------------------------------------------------
@@ -1545,7 +1547,7 @@ def test_gla_module_is_the_papers_layer_written_out():
     m = make_mixer("gla", d=d, T=T, num_heads=2, chunk_size=3)
     perturb_(m, 0.3)
     x = torch.randn(2, T, d, dtype=F64)
-    split = lambda t: t.unflatten(-1, (2, -1))                             # (B, T, H, ·)
+    split = lambda tensor: tensor.unflatten(-1, (2, -1))                   # (B, T, H, ·)
     q, k, v = (split(x @ w.weight.T) for w in (m.q_proj, m.k_proj, m.v_proj))
     gk = split(F.logsigmoid((x @ m.gate_down.weight.T) @ m.gate_up.weight.T + m.gate_up.bias) / 16)
     o, _ = naive_recurrent_gla(q, k, v, gk)                                # (B, T, H, dv)
@@ -1573,13 +1575,14 @@ def segsum(x):
 
 def ssd_minimal_discrete(X, A, B, C, block_len, initial_states=None):
     """ssd_minimal.py's ssd_minimal_discrete (Listing 1 of the paper), transcribed with
-    einops' rearranges written as reshapes: X (b, l, h, p), A (b, l, h), B, C (b, l, h, n)."""
+    einops' rearranges written as reshapes and its L, the decays within a chunk, named
+    `decay` (L is the number of layers here): X (b, l, h, p), A (b, l, h), B, C (b, l, h, n)."""
     b, l, h, p = X.shape
-    X, A, B, C = (t.reshape(b, l // block_len, block_len, *t.shape[2:]) for t in (X, A, B, C))
+    X, A, B, C = (x.reshape(b, l // block_len, block_len, *x.shape[2:]) for x in (X, A, B, C))
     A = A.permute(0, 3, 1, 2)                                                 # b h c l
     A_cumsum = torch.cumsum(A, dim=-1)
-    L = torch.exp(segsum(A))
-    Y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, L, X)
+    decay = torch.exp(segsum(A))
+    Y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", C, B, decay, X)
     decay_states = torch.exp(A_cumsum[:, :, :, -1:] - A_cumsum)
     states = torch.einsum("bclhn,bhcl,bclhp->bchpn", B, decay_states, X)
     if initial_states is None:
@@ -1597,14 +1600,14 @@ def ssd_minimal_discrete(X, A, B, C, block_len, initial_states=None):
 def test_ssd_forms_are_the_papers_listing_1(impl):
     """Both forms, from a state, against ssd_minimal_discrete, whose X is Δ·x and A is Δ·a
     (B and C one group, broadcast to the heads)."""
-    b, l, h, p, n = 2, 12, 3, 4, 5
-    x, Bm, Cm = (torch.randn(b, l, h, p, dtype=F64), torch.randn(b, l, n, dtype=F64),
-                 torch.randn(b, l, n, dtype=F64))
+    b, l, h, p, d_state = 2, 12, 3, 4, 5
+    x, Bm, Cm = (torch.randn(b, l, h, p, dtype=F64), torch.randn(b, l, d_state, dtype=F64),
+                 torch.randn(b, l, d_state, dtype=F64))
     delta, a = torch.rand(b, l, h, dtype=F64) + 0.1, -torch.rand(h, dtype=F64) - 0.5
-    h0 = torch.randn(b, h, p, n, dtype=F64)
+    h0 = torch.randn(b, h, p, d_state, dtype=F64)
     want, final = ssd_minimal_discrete(delta[..., None] * x, delta * a,
-                                       Bm[:, :, None].expand(b, l, h, n),
-                                       Cm[:, :, None].expand(b, l, h, n), 4, h0[:, None])
+                                       Bm[:, :, None].expand(b, l, h, d_state),
+                                       Cm[:, :, None].expand(b, l, h, d_state), 4, h0[:, None])
     got, h_got = mixers.SSD_IMPLS[impl](x, delta, a, Bm, Cm, h0, chunk_size=4)
     assert torch.allclose(got, want, atol=1e-12) and torch.allclose(h_got, final, atol=1e-12)
 
@@ -1613,18 +1616,18 @@ def test_mamba2_module_is_mamba2_simple_written_out():
     """in_proj to (z, xBC, dt); depthwise causal conv with bias and SiLU on xBC; Δ =
     softplus(dt + dt_bias); the SSD recurrence with a = -exp(A_log) and skip; norm after
     the gate, RMSNorm(y ⊙ SiLU(z)) ⊙ w; out_proj. Every parameter perturbed."""
-    T, d, n, P = 9, 8, 4, 4
-    m = make_mixer("mamba2", d=d, T=T, d_state=n, headdim=P, chunk_size=4)
+    T, d, d_state, P = 9, 8, 4, 4
+    m = make_mixer("mamba2", d=d, T=T, d_state=d_state, headdim=P, chunk_size=4)
     perturb_(m, 0.3)
     u = torch.randn(2, T, d, dtype=F64)
-    z, xBC, dt = (u @ m.in_proj.weight.T).split([16, 16 + 2 * n, 4], -1)
+    z, xBC, dt = (u @ m.in_proj.weight.T).split([16, 16 + 2 * d_state, 4], -1)
     K = m.conv_weight.shape[1]
     xBC = F.silu(torch.stack([sum(m.conv_weight[:, s] * xBC[:, t - s] for s in range(min(K, t + 1)))
                               for t in range(T)], 1) + m.conv_bias)
-    x, Bm, Cm = xBC.split([16, n, n], -1)
+    x, Bm, Cm = xBC.split([16, d_state, d_state], -1)
     x = x.unflatten(-1, (4, P))                                              # (B, T, H, P)
     delta, a = F.softplus(dt + m.dt_bias), -m.A_log.exp()
-    h, ys = torch.zeros(2, 4, P, n, dtype=F64), []
+    h, ys = torch.zeros(2, 4, P, d_state, dtype=F64), []
     for t in range(T):
         h = (delta[:, t] * a).exp()[..., None, None] * h + \
             (delta[:, t, :, None] * x[:, t])[..., None] * Bm[:, t, None, None, :]
@@ -1697,10 +1700,10 @@ def test_delta_rule_forms_are_flash_linear_attentions_naive_recurrences(impl):
     want, S = delta_rule_recurrence(q, k, v, beta, S0)
     got, S_got = form(q * dk ** -0.5, k, v, beta, None, S0, chunk_size=4)
     assert torch.allclose(got, want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
-    T = lambda x: x.transpose(1, 2)
-    want, S = naive_recurrent_gated_delta_rule(T(q), T(k), T(v), T(beta), T(g), S0)
+    swap = lambda x: x.transpose(1, 2)                         # (B, H, T, ·) <-> (B, T, H, ·)
+    want, S = naive_recurrent_gated_delta_rule(swap(q), swap(k), swap(v), swap(beta), swap(g), S0)
     got, S_got = form(q * dk ** -0.5, k, v, beta, g, S0, chunk_size=4)
-    assert torch.allclose(T(got), want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
+    assert torch.allclose(swap(got), want, atol=1e-12) and torch.allclose(S_got, S, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
@@ -1716,8 +1719,8 @@ def test_delta_rule_layers_are_written_out(name):
     w = m.conv_weight
     qkv = F.silu(torch.stack([sum(w[:, s] * qkv[:, t - s] for s in range(min(3, t + 1)))
                               for t in range(T)], 1))
-    split = lambda t: t.unflatten(-1, (H, -1))                             # (B, T, H, dh)
-    q, k, v = (split(t) for t in qkv.chunk(3, -1))
+    split = lambda tensor: tensor.unflatten(-1, (H, -1))                   # (B, T, H, dh)
+    q, k, v = (split(part) for part in qkv.chunk(3, -1))
     q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
     beta = torch.sigmoid(x @ m.b_proj.weight.T)                            # (B, T, H)
     g = (torch.zeros_like(beta) if name == "deltanet" else
@@ -1772,7 +1775,8 @@ def test_dplr_forms_are_flash_linear_attentions_naive_recurrence(impl):
 def test_rwkv7_and_mamba2_fixed_values_written_out():
     """Values fixed at construction that step == forward cannot see (both forms share them).
     RWKV-7 (fla's RWKV7Attention, layer 0; BlinkDL's x070 the same): the token-shift mixes
-    1 - (n/d)^p, p = 0.2 for r and g, 0.9 for w and a, 0.7 for k and v; here d = 4.
+    1 - (ch/d)^p at channel ch, p = 0.2 for r and g, 0.9 for w and a, 0.7 for k and v; here
+    d = 4.
     Mamba-2 (Mamba2Simple): headdim 64, or d_inner = 2d where that is smaller, so one head
     below d = 32 and 2d/64 heads from there."""
     rwkv = mixers.RWKV7(4, 8)
@@ -1802,7 +1806,7 @@ def test_rwkv7_module_is_fla_rwkv7_attention_written_out():
     log_w = -math.exp(-0.5) * torch.sigmoid(lora(m.w_lora, xw, torch.tanh))
     a = torch.sigmoid(lora(m.a_lora, xa, lambda z: z))
     g = lora(m.g_lora, xg, torch.sigmoid)
-    heads = lambda t: t.unflatten(-1, (H, -1)).transpose(1, 2)             # (B, H, T, dh)
+    heads = lambda tensor: tensor.unflatten(-1, (H, -1)).transpose(1, 2)   # (B, H, T, dh)
     kk = heads(k * m.k_k)
     kk = kk / kk.norm(dim=-1, keepdim=True)
     k = k * (1 + (a - 1) * m.k_a)
@@ -1887,22 +1891,22 @@ def test_programmatic_selection_is_a_loop_over_earlier_tokens_and_the_mixer_keep
 
 def test_chosen_keys_are_a_loop_over_the_prefix():
     """S_i as plain loops on random token rows: the distances at which u_i occurred before
-    (programmatic), and the t lags of largest prefix autocorrelation, ties to the smaller
+    (programmatic), and the num_lags lags of largest prefix autocorrelation, ties to the smaller
     lag (autocorrelation), which at the last position are theory.top_lags of the row; each
     lag s of row i at its key position i - s."""
-    B, T, t = 3, 20, 4
+    B, T, num_lags = 3, 20, 4
     tokens = torch.randint(0, 3, (B, T), generator=torch.Generator().manual_seed(1))
     lags = lambda chosen, b, i: {i - j for j in chosen[b, i].nonzero().flatten().tolist()}
-    got_p = mixers.chosen_keys(tokens, "programmatic", t)
-    got_a = mixers.chosen_keys(tokens, "autocorrelation", t)
+    got_p = mixers.chosen_keys(tokens, "programmatic", num_lags)
+    got_a = mixers.chosen_keys(tokens, "autocorrelation", num_lags)
     for b in range(B):
         u = tokens[b].tolist()
         for i in range(T):
             hits = {s for s in range(1, i + 1) if u[i] == u[i - s]}
             r = {s: sum(u[j] == u[j - s] for j in range(s, i + 1)) for s in range(1, i + 1)}
-            top = set(sorted(r, key=lambda s: (-r[s], s))[:t])
+            top = set(sorted(r, key=lambda s: (-r[s], s))[:num_lags])
             assert lags(got_p, b, i) == hits and lags(got_a, b, i) == top
-        assert sorted(lags(got_a, b, T - 1)) == th.top_lags(tokens[b:b + 1], 3, t)[0]
+        assert sorted(lags(got_a, b, T - 1)) == th.top_lags(tokens[b:b + 1], 3, num_lags)[0]
 
 
 def _one_hot_input_dependent_conv(c, filters, num_lags):
@@ -1924,10 +1928,11 @@ def test_input_dependent_conv_with_thm_4_5_weights_answers_mqar():
     x, y = mqar.multiquery_ar(16, c, N, 4, seed=0)
     u = torch.nn.functional.one_hot(x, c).to(F64)
     acc = {}
-    for filters, t in [("programmatic", 1), ("autocorrelation", N - 1), ("autocorrelation", 2)]:
+    for filters, num_lags in [("programmatic", 1), ("autocorrelation", N - 1),
+                              ("autocorrelation", 2)]:
         with torch.no_grad():
-            out = _one_hot_input_dependent_conv(c, filters, t)(u, tokens=x)
-        acc[filters, t] = th.mqar_accuracy(out.argmax(-1), y)
+            out = _one_hot_input_dependent_conv(c, filters, num_lags)(u, tokens=x)
+        acc[filters, num_lags] = th.mqar_accuracy(out.argmax(-1), y)
     assert acc["programmatic", 1] == acc["autocorrelation", N - 1] == 1.0
     assert acc["autocorrelation", 2] < 0.9, acc
 
@@ -2050,24 +2055,25 @@ def test_whole_sequence_top_k_is_not_causal_and_the_default_is():
 # train.py
 
 def small_config(**overrides):
-    c = train.Config(seq_len=32, num_kv_pairs=2, vocab_size=256, d_model=32, num_train=512,
-                     num_test=64, num_valid=48, batch_size=16, max_steps=12, eval_every=4,
-                     progress=False)
+    config = train.Config(seq_len=32, num_kv_pairs=2, vocab_size=256, d_model=32, num_train=512,
+                          num_test=64, num_valid=48, batch_size=16, max_steps=12, eval_every=4,
+                          progress=False)
     for k, v in overrides.items():
-        setattr(c, k, v)
-    return c
+        setattr(config, k, v)
+    return config
 
 
 def small_model(n, data_seed=0, double=False, eval=False, **overrides):
-    """(c, model, x, y): c = small_config(**overrides), the model built after
+    """(config, model, x, y): config = small_config(**overrides), the model built after
     torch.manual_seed(0) (float64 if double, in eval mode if eval), then n MQAR examples
     drawn with data_seed (from their own generator)."""
-    c = small_config(**overrides)
+    config = small_config(**overrides)
     torch.manual_seed(0)
-    model = train.LanguageModel(c)
+    model = train.LanguageModel(config)
     model = model.double() if double else model
     model = model.eval() if eval else model
-    return (c, model) + multiquery_ar(n, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=data_seed)
+    return (config, model) + multiquery_ar(n, config.vocab_size, config.seq_len,
+                                           config.num_kv_pairs, seed=data_seed)
 
 
 def model_steps(model, x):
@@ -2081,9 +2087,9 @@ def model_steps(model, x):
 
 
 def test_command_line_settings_parse_to_their_types_and_errors():
-    c = train.make_config(**train.parse_arguments(["--lr=1e-3", "--n_layers=3", "--mlp=true",
-                                                   "--mixer=attention"]))
-    assert (c.lr, c.n_layers, c.mlp) == (1e-3, 3, True)
+    config = train.make_config(**train.parse_arguments(["--lr=1e-3", "--n_layers=3",
+                                                        "--mlp=true", "--mixer=attention"]))
+    assert (config.lr, config.n_layers, config.mlp) == (1e-3, 3, True)
     for arg, match in [("--learning_rate=1e-3", "unknown key --learning_rate"),
                        ("--lrr=1e-3", "did you mean --lr"),
                        ("--n_layers=two", r"--n_layers='two'.*an integer"),
@@ -2100,12 +2106,12 @@ def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):
     parsed = []
     parse = train.parse_layers
     monkeypatch.setattr(train, "parse_layers", lambda *a: parsed.append(a) or parse(*a))
-    c = train.make_config(mixer="base_conv:kernel_size=3,base_conv")
+    config = train.make_config(mixer="base_conv:kernel_size=3,base_conv")
     for seed in (1, 2):
-        train.check_config(c.replace(seed=seed))
-    assert c.replace(seed=3).layers == c.layers and len(parsed) == 1
-    assert c.replace(mixer="h3").layers == [("h3", {})] * 2 and len(parsed) == 2
-    assert c.replace(mixer="h3", n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
+        train.check_config(config.replace(seed=seed))
+    assert config.replace(seed=3).layers == config.layers and len(parsed) == 1
+    assert config.replace(mixer="h3").layers == [("h3", {})] * 2 and len(parsed) == 2
+    assert config.replace(mixer="h3", n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
 
 
 def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
@@ -2128,10 +2134,10 @@ def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
     assert train.main(["--mixer=sliding_window:window=0", f"--out_dir={tmp_path}"]) == 2
     assert "window=0 is not allowed" in capsys.readouterr().err and not list(tmp_path.iterdir())
     # the setting is parsed once per config, and again only once it has changed
-    c = small_config(mixer="hyena")
-    assert c.layers is c.layers and "layers" not in dataclasses.asdict(c)
-    c.mixer = "h3"
-    assert c.layers == [("h3", {})] * c.n_layers
+    config = small_config(mixer="hyena")
+    assert config.layers is config.layers and "layers" not in dataclasses.asdict(config)
+    config.mixer = "h3"
+    assert config.layers == [("h3", {})] * config.n_layers
 
 
 @pytest.mark.parametrize("name", list(MIXERS))
@@ -2139,12 +2145,12 @@ def test_every_mixer_trains_in_the_model(name, tmp_path):
     """A few steps of train.py with each mixer: the loss falls on a fixed batch, and every
     parameter of every mixer layer gets a gradient (the embeddings alone could lower the
     loss: a mixer that returned 0 would pass the first check, not the second)."""
-    c, model, x, y = small_model(16, data_seed=1, mixer=name, lr=3e-3, warmup_steps=0,
-                                 out_dir=str(tmp_path))
-    opt = train.make_optimizer(model, c)
+    config, model, x, y = small_model(16, data_seed=1, mixer=name, lr=3e-3, warmup_steps=0,
+                                      out_dir=str(tmp_path))
+    opt = train.make_optimizer(model, config)
     first = train.labelled_loss(model, x, y)[0].item()
-    mixer_params = {f"{i}.{n}": p for i, block in enumerate(model.blocks)
-                    for n, p in block.mixer.named_parameters()}
+    mixer_params = {f"{i}.{name}": p for i, block in enumerate(model.blocks)
+                    for name, p in block.mixer.named_parameters()}
     reached = dict.fromkeys(mixer_params, 0.0)
     for _ in range(15):
         loss = train.labelled_loss(model, x, y)[0]
@@ -2168,14 +2174,14 @@ def test_a_run_is_named_by_the_settings_that_differ_from_their_defaults(monkeypa
     """identity: the schema and the non-default settings, never where the record goes or
     its label; a setting given at its default is no setting; and a new option whose default
     keeps the old behaviour renames no run (a Config with one more field, monkeypatched in)."""
-    c = train.Config(mixer="h3", d_model=128, seed=2)
-    assert json.loads(train.identity(c)) == {"schema": train.RECORD_SCHEMA, "mixer": "h3",
-                                             "d_model": 128, "seed": 2}
-    same = dataclasses.replace(c, lr=train.Config.lr, out_dir="elsewhere", label="H3",
+    config = train.Config(mixer="h3", d_model=128, seed=2)
+    assert json.loads(train.identity(config)) == {"schema": train.RECORD_SCHEMA, "mixer": "h3",
+                                                  "d_model": 128, "seed": 2}
+    same = dataclasses.replace(config, lr=train.Config.lr, out_dir="elsewhere", label="H3",
                                progress=False, save_model=True)
-    assert train.run_name(same) == train.run_name(c)
-    assert train.run_name(dataclasses.replace(c, lr=1e-3)) != train.run_name(c)
-    name = train.run_name(c)
+    assert train.run_name(same) == train.run_name(config)
+    assert train.run_name(dataclasses.replace(config, lr=1e-3)) != train.run_name(config)
+    name = train.run_name(config)
     Newer = dataclasses.make_dataclass("Newer", [("new_option", int, 7)], bases=(train.Config,))
     monkeypatch.setattr(train, "Config", Newer)
     assert train.run_name(Newer(mixer="h3", d_model=128, seed=2)) == name
@@ -2300,11 +2306,11 @@ def test_dropout_draws_from_the_runs_seed_never_the_callers_rng(tmp_path):
     """A run with dropout is the same whatever the caller's RNG holds, and leaves it as it was."""
     records = []
     for caller_seed in (1, 2):
-        c = small_config(dropout=0.1, mixer="attention:dropout=0.1", max_steps=6, eval_every=3,
-                         out_dir=str(tmp_path / str(caller_seed)))
+        config = small_config(dropout=0.1, mixer="attention:dropout=0.1", max_steps=6,
+                              eval_every=3, out_dir=str(tmp_path / str(caller_seed)))
         torch.manual_seed(caller_seed)
         before = torch.get_rng_state()
-        records.append(train.train(c))
+        records.append(train.train(config))
         assert torch.equal(torch.get_rng_state(), before)
     assert [h["loss"] for h in records[0]["history"]] == [h["loss"] for h in records[1]["history"]]
 
@@ -2345,9 +2351,10 @@ def test_a_selective_attention_run_records_the_rows_it_attends_at(tmp_path):
     control exactly top_k rows, programmatic N - 2D - 1 with every query among them."""
     N, D = 32, 2
     for selection, rows in (("random:top_k=5", 5), ("programmatic", N - 2 * D - 1)):
-        c = small_config(mixer=f"base_conv:kernel_size=3,selective_attention:selection={selection}",
-                         seq_len=N, num_kv_pairs=D, max_steps=2, out_dir=str(tmp_path))
-        [stats] = train.train(c)["selection"]
+        config = small_config(
+            mixer=f"base_conv:kernel_size=3,selective_attention:selection={selection}",
+            seq_len=N, num_kv_pairs=D, max_steps=2, out_dir=str(tmp_path))
+        [stats] = train.train(config)["selection"]
         assert stats["rows"] == rows
         if selection == "programmatic":
             assert stats["coverage"] == 1 and math.isclose(stats["queries"], D / rows)
@@ -2429,8 +2436,8 @@ def test_amp_and_compiled_training_run_and_compile_matches_eager(tmp_path, monke
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():
-    c = train.Config(lr=1.0, warmup_steps=10, max_steps=110)
-    lrs = [train.lr_at(s, c) for s in range(111)]
+    config = train.Config(lr=1.0, warmup_steps=10, max_steps=110)
+    lrs = [train.lr_at(s, config) for s in range(111)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[10] == pytest.approx(1.0) and lrs[60] == pytest.approx(0.5)
     assert lrs[110] == pytest.approx(0.0, abs=1e-12)
@@ -2442,7 +2449,7 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
     hidden state times the tied embedding (projecting only the labelled rows);
     `correct` counts argmax hits (half the labels are set to the argmax here, so the count
     is not trivially 0)."""
-    c, model, x, y = small_model(4, data_seed=3, double=True)
+    config, model, x, y = small_model(4, data_seed=3, double=True)
     with torch.no_grad():
         hidden = model(x)
         terms, hits = [], 0
@@ -2452,8 +2459,8 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
                 y[b, t] = scores.argmax()
             terms.append(torch.logsumexp(scores, 0) - scores[y[b, t]])
             hits += int(scores.argmax() == y[b, t])
-        loss, correct, n = train.labelled_loss(model, x, y)
-    assert n == len(terms) == 4 * c.num_kv_pairs and int(correct) == hits > 0
+        loss, correct, M = train.labelled_loss(model, x, y)
+    assert M == len(terms) == 4 * config.num_kv_pairs and int(correct) == hits > 0
     assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
 
 
@@ -2559,13 +2566,13 @@ def test_pre_norm_model_is_its_formula(mlp):
     embedding + positions, h = h + mixer(LN₁(h)), then h = h + MLP(LN₂(h)) if mlp, and a
     final LN; written with the model's parameters, norms perturbed. A post-norm block,
     LN(h + mixer(h)), fails this."""
-    c, model, x, _ = small_model(2, data_seed=2, double=True, eval=True, mlp=mlp)
+    config, model, x, _ = small_model(2, data_seed=2, double=True, eval=True, mlp=mlp)
     perturb_(model, 0.5, only="norm")
     def ln(h, norm):
         mu, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
         return (h - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias
     with torch.no_grad():
-        h = model.embed.weight[x] + model.pos.weight[:c.seq_len]
+        h = model.embed.weight[x] + model.pos.weight[:config.seq_len]
         for b in model.blocks:
             h = h + b.mixer(ln(h, b.norm1))
             if mlp:
@@ -2585,9 +2592,9 @@ def test_llama_block_is_its_formula():
     a = RMSNorm₂(h), written out with the model's parameters; step agrees. The final norm is
     the LayerNorm of every model here (the official code's ln_f; Llama's is an RMSNorm), as
     the README's LM section says."""
-    c, model, x, _ = small_model(2, data_seed=2, double=True, eval=True,
-                                 mixer="attention:rotary=true", block="rms_pre_norm", mlp=True,
-                                 position_embedding="none")
+    config, model, x, _ = small_model(2, data_seed=2, double=True, eval=True,
+                                      mixer="attention:rotary=true", block="rms_pre_norm",
+                                      mlp=True, position_embedding="none")
     assert model.pos is None and model.blocks[0].mlp.gate.out_features == 88    # 8·⌈32/3⌉
     perturb_(model, 0.5, only="norm")
     rms = lambda h, norm: h / torch.sqrt((h * h).mean(-1, keepdim=True) + 1e-5) * norm.weight
@@ -2604,10 +2611,10 @@ def test_llama_block_is_its_formula():
 
 
 def test_normal_init_leaves_mixers_that_keep_their_own():
-    c, model, _, _ = small_model(1, mixer="mamba,hyena")
+    config, model, _, _ = small_model(1, mixer="mamba,hyena")
     before = weights_of(model)
     torch.manual_seed(1)
-    train.init_weights(model, "normal", c.n_layers)
+    train.init_weights(model, "normal", config.n_layers)
     after = weights_of(model)
     own = [k for k in before if k.startswith("blocks.0.mixer.") or ".long_filter." in k]
     assert own and all(torch.equal(before[k], after[k]) for k in own)
@@ -2622,7 +2629,7 @@ def test_gpt2_init_is_the_official_init_weights():
     N(0, 0.02/√(2L)), not RWKV's or Based's (the official Hyena's and H3's: the lab's
     test)."""
     L = 2
-    std = lambda t: t.std().item()
+    std = lambda tensor: tensor.std().item()
     m = small_model(1, mixer="rwkv,based", init="gpt2", d_model=64, block="pre_norm", mlp=True)[1]
     for b in m.blocks:
         assert std(b.mixer.out_proj.weight) == pytest.approx(0.02, rel=0.1)
@@ -2632,12 +2639,12 @@ def test_gpt2_init_is_the_official_init_weights():
 def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
     """_init_weights with block_type MambaBlock: Embedding N(0, 0.02), Linear biases 0,
     out_proj PyTorch's draw divided by √L; Mamba's own weights untouched."""
-    c, m, _, _ = small_model(1, mixer="mamba", block="rms_pre_norm", init="gpt2", d_model=64)
+    config, m, _, _ = small_model(1, mixer="mamba", block="rms_pre_norm", init="gpt2", d_model=64)
     out = m.blocks[0].mixer.out_proj.weight
-    bound = 1 / math.sqrt(out.shape[1]) / math.sqrt(c.n_layers)
+    bound = 1 / math.sqrt(out.shape[1]) / math.sqrt(config.n_layers)
     assert out.abs().max() <= bound and out.abs().max() > 0.9 * bound
     before = weights_of(m)
-    train.init_weights(m, "gpt2", c.n_layers, "rms_pre_norm")
+    train.init_weights(m, "gpt2", config.n_layers, "rms_pre_norm")
     after = weights_of(m)
     for k in before:
         same = torch.equal(before[k], after[k])
@@ -2649,18 +2656,18 @@ def test_gpt2_init_with_the_mamba_block_takes_the_official_mamba_branch():
 def test_cosine_epochs_is_torch_cosine_annealing_stepped_per_epoch():
     """The official trainer: CosineAnnealingLR(T_max=max_epochs, eta_min=0), .step() after
     each epoch; our lr_at reads the same value at every step of an epoch."""
-    c = train.Config(lr=1e-2, num_train=1000, batch_size=300, max_steps=4 * 7,
-                     schedule="cosine_epochs")
-    assert train.steps_per_epoch(c) == 4                  # 300, 300, 300, 100 examples
-    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=c.lr)
+    config = train.Config(lr=1e-2, num_train=1000, batch_size=300, max_steps=4 * 7,
+                          schedule="cosine_epochs")
+    assert train.steps_per_epoch(config) == 4             # 300, 300, 300, 100 examples
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=7, eta_min=0.0)
     for epoch in range(7):
         for b in range(4):
-            assert train.lr_at(4 * epoch + b, c) == pytest.approx(opt.param_groups[0]["lr"])
+            assert train.lr_at(4 * epoch + b, config) == pytest.approx(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
     with pytest.raises(ValueError, match="warmup_steps=5 is not allowed"):
-        train.check_config(dataclasses.replace(c, warmup_steps=5))
+        train.check_config(dataclasses.replace(config, warmup_steps=5))
 
 
 # Every Config field, placed: a value other than its default (on TINY's base, which sets
@@ -2728,12 +2735,12 @@ def test_the_learning_rate_at_every_step_of_short_schedules_written_out():
     cosine_epochs with epochs of 3 steps (4, 4 and 2 examples) and max_steps = 7 ending
     mid-epoch: E = ⌈7 / 3⌉ = 3 epochs, lr (1 + cos(π e / 3)) / 2 in epoch e, the partial
     last epoch included."""
-    c = train.Config(lr=1.0, warmup_steps=2, max_steps=6)
+    config = train.Config(lr=1.0, warmup_steps=2, max_steps=6)
     want = [0.5, 1.0, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]
-    assert [train.lr_at(s, c) for s in range(7)] == pytest.approx(want, abs=1e-12)
-    c = train.Config(lr=1.0, num_train=10, batch_size=4, max_steps=7, schedule="cosine_epochs")
+    assert [train.lr_at(s, config) for s in range(7)] == pytest.approx(want, abs=1e-12)
+    config = train.Config(lr=1.0, num_train=10, batch_size=4, max_steps=7, schedule="cosine_epochs")
     want = [1.0, 1.0, 1.0, 0.75, 0.75, 0.75, 0.25]
-    assert [train.lr_at(s, c) for s in range(7)] == pytest.approx(want, abs=1e-12)
+    assert [train.lr_at(s, config) for s in range(7)] == pytest.approx(want, abs=1e-12)
 
 
 def test_optimizer_decays_what_the_recipe_says():
@@ -2757,11 +2764,11 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     seen, loss = [], train.labelled_loss
     monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
         seen.append(x.clone()) if m.training else None) or loss(m, x, y))
-    c = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
-                     budget_steps=5, eval_every=50, out_dir=str(tmp_path))
-    r = train.train(c)
+    config = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
+                          budget_steps=5, eval_every=50, out_dir=str(tmp_path))
+    r = train.train(config)
     assert r["ended"] == "budget_steps" and r["steps"] == 5
-    (x, _), *_ = train.make_data(c)
+    (x, _), *_ = train.make_data(config)
     want = [x[0:16], x[16:32], x[32:40], x[0:16], x[16:32]]
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
 
@@ -2772,8 +2779,8 @@ def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
     _, model, x, y = small_model(40, data_seed=3, eval=True)
     acc, loss = train.evaluate(model, x, y, batch_size=7, with_loss=True)
     with torch.no_grad():
-        whole, correct, n = train.labelled_loss(model, x, y)
-    assert math.isclose(loss, whole.item(), rel_tol=1e-5) and acc == correct.item() / n
+        whole, correct, M = train.labelled_loss(model, x, y)
+    assert math.isclose(loss, whole.item(), rel_tol=1e-5) and acc == correct.item() / M
     assert train.evaluate(model, x, y, batch_size=7) == acc
 
 
@@ -2785,8 +2792,8 @@ def test_evaluate_scores_in_eval_mode_and_hands_the_model_back_training():
     assert model.training and train.evaluate(model, x, y, with_loss=True) == first
     with torch.no_grad():
         model.eval()
-        loss, correct, n = train.labelled_loss(model, x, y)
-    assert first == (correct.item() / n, pytest.approx(loss.item(), rel=1e-5))
+        loss, correct, M = train.labelled_loss(model, x, y)
+    assert first == (correct.item() / M, pytest.approx(loss.item(), rel=1e-5))
     model.train()
     with torch.no_grad():           # the check has power: dropout changes the loss
         assert not math.isclose(train.labelled_loss(model, x, y)[0].item(), loss.item())
@@ -2804,8 +2811,8 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
     sizes, evaluate = [], train.evaluate
     monkeypatch.setattr(train, "evaluate", lambda m, x, y, **kw: sizes.append(len(x)) or
                         evaluate(m, x, y, **kw))
-    c = small_config(eval_probe=16, eval_every=4, max_steps=12, out_dir=str(tmp_path))
-    r = train.train(c)
+    config = small_config(eval_probe=16, eval_every=4, max_steps=12, out_dir=str(tmp_path))
+    r = train.train(config)
     assert sizes == [16, 16, 16, 16, 48, 64] and r["ended"] == "max_steps", "whole at the end"
     assert [sorted(h) for h in r["history"]] == [
         ["loss", "seconds", "step", "test_probe", "valid_probe"]] * 2 + [
@@ -2814,7 +2821,7 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
                                                r["history"][-1]["valid_acc"])
     sizes.clear()                                      # a probe that passes: the whole splits
     monkeypatch.setattr(train, "evaluate", scoring(lambda x: sizes.append(len(x)) or 1.0))
-    r = train.train(c)
+    r = train.train(config)
     assert r["ended"] == "target_reached" and r["steps"] == 4 and sizes == [16, 48, 64]
 
 
@@ -2822,18 +2829,18 @@ def test_early_stopping_reads_the_validation_split_never_the_test_split(tmp_path
     """Every decision reads validation: a run whose validation accuracy stays below the
     target while its test accuracy passes it does not stop, and the mirror case stops at its
     first evaluation; a run without a validation split cannot stop early."""
-    c = small_config(eval_probe=0, eval_every=4, max_steps=12, out_dir=str(tmp_path))
-    _, (x_test, _), (x_valid, _) = train.make_data(c)
+    config = small_config(eval_probe=0, eval_every=4, max_steps=12, out_dir=str(tmp_path))
+    _, (x_test, _), (x_valid, _) = train.make_data(config)
     is_test = lambda x: len(x) == len(x_test) and torch.equal(x, x_test)
     for test_score, valid_score, ended, steps in [(1.0, 0.5, "max_steps", 12),
                                                   (0.5, 1.0, "target_reached", 4)]:
         monkeypatch.setattr(train, "evaluate", scoring(lambda x: test_score if is_test(x)
                                                        else valid_score))
-        r = train.train(c)
+        r = train.train(config)
         assert (r["ended"], r["steps"], r["test_acc"], r["valid_acc"]) == (
             ended, steps, test_score, valid_score)
     monkeypatch.setattr(train, "evaluate", scoring(lambda x: 1.0))
-    r = train.train(dataclasses.replace(c, num_valid=0))
+    r = train.train(dataclasses.replace(config, num_valid=0))
     assert r["ended"] == "max_steps" and "valid_acc" not in r
     assert all("valid_acc" not in h and h["test_acc"] == 1.0 for h in r["history"])
 
@@ -2848,10 +2855,10 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
         trained.append(x) if m.training else None) or loss(m, x, y))
     monkeypatch.setattr(train, "evaluate",
                         lambda m, x, y, **kw: scored.append(x) or evaluate(m, x, y, **kw))
-    c = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,
-                     num_valid=32, out_dir=str(tmp_path))
-    record = train.train(c)                         # probes at step 2, the whole splits at 4
-    _, (x_test, _), (x_valid, _) = train.make_data(c)
+    config = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,
+                          num_valid=32, out_dir=str(tmp_path))
+    record = train.train(config)                    # probes at step 2, the whole splits at 4
+    _, (x_test, _), (x_valid, _) = train.make_data(config)
     seen = {tuple(row) for x in trained for row in x.tolist()}
     assert len(seen) == 64 and [len(x) for x in scored] == [16, 16, 32, 64]
     assert all(torch.equal(x, want) for x, want in zip(
@@ -2863,8 +2870,9 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
 
 
 def test_summary_counts_runs_that_never_passed_as_the_longest():
-    runs = [dict(ended="target_reached", steps=s, train_time_s=t, config=dict(target_acc=0.99))
-            for s, t in ((900, 40.5), (700, 36.6), (600, 26.3))]
+    runs = [dict(ended="target_reached", steps=steps, train_time_s=seconds,
+                 config=dict(target_acc=0.99))
+            for steps, seconds in ((900, 40.5), (700, 36.6), (600, 26.3))]
     runs += [dict(ended="max_steps", steps=3000, train_time_s=99.0,
                   config=dict(target_acc=0.99))] * 2
     line = train.summarize(runs)
@@ -2887,10 +2895,10 @@ def test_programmatic_filters_solve_mqar_where_fixed_filters_do_not(tmp_path):
     stack with BaseConv's fixed long filter stays near its 1/D plateau on that budget."""
     acc = {}
     for second in ("input_dependent_conv", "base_conv"):
-        c = small_config(mixer=f"base_conv:kernel_size=3,{second}", seq_len=64, num_kv_pairs=4,
-                         vocab_size=512, num_train=64 * 400, num_test=500, batch_size=64,
-                         max_steps=400, eval_every=50, out_dir=str(tmp_path))
-        acc[second] = train.train(c)["test_acc"]
+        config = small_config(mixer=f"base_conv:kernel_size=3,{second}", seq_len=64,
+                              num_kv_pairs=4, vocab_size=512, num_train=64 * 400, num_test=500,
+                              batch_size=64, max_steps=400, eval_every=50, out_dir=str(tmp_path))
+        acc[second] = train.train(config)["test_acc"]
     assert acc["input_dependent_conv"] > 0.99 and acc["base_conv"] < 0.5, acc
 
 
@@ -2935,12 +2943,13 @@ def test_hadamard():
 
 def test_circuit_measures_on_a_small_circuit():
     # (x0 + x1) * x0: levels 0, 0, 1, 2
-    c = th.Circuit(2, (("var", 0), ("var", 1), ("+", 0, 1), ("*", 2, 0)))
-    assert (th.size(c), th.depth(c), th.width(c)) == (4, 2, 3)
-    assert th.live_values(c) == [[0, 1], [0, 2]]
-    assert th.degree(c, "symbolic") == th.degree(c, "random") == th.degree_bound(c) == 2
+    circuit = th.Circuit(2, (("var", 0), ("var", 1), ("+", 0, 1), ("*", 2, 0)))
+    assert (th.size(circuit), th.depth(circuit), th.width(circuit)) == (4, 2, 3)
+    assert th.live_values(circuit) == [[0, 1], [0, 2]]
+    assert (th.degree(circuit, "symbolic") == th.degree(circuit, "random")
+            == th.degree_bound(circuit) == 2)
     x = rand(5, 2, seed=0)
-    assert torch.allclose(th.evaluate(c, x), (x[:, 0] + x[:, 1]) * x[:, 0])
+    assert torch.allclose(th.evaluate(circuit, x), (x[:, 0] + x[:, 1]) * x[:, 0])
 
 
 def test_degree_sees_cancellation_that_the_bound_misses():
@@ -3050,7 +3059,7 @@ def test_mqar_contexts_are_every_context_once(c_k, c_v, D, distinct):
             for ks in itertools.product(range(c_k), repeat=D) if len(set(ks)) == D
             for vs in itertools.product(range(c_v), repeat=D)
             if not distinct or len(set(vs)) == D}
-    got = {(tuple(c[:, 0].tolist()), tuple(c[:, 1].tolist())) for c in ctx}
+    got = {(tuple(context[:, 0].tolist()), tuple(context[:, 1].tolist())) for context in ctx}
     assert got == want and len(ctx) == len(want)
     assert ((th.answers(ctx, c_k) >= 0).sum(1) == D).all()
 
@@ -3130,7 +3139,7 @@ THEORY_CASES = [(check, {}) for check in th.CHECKS] + [      # the table's sizes
 
 
 @pytest.mark.parametrize("check,sizes", THEORY_CASES,
-                         ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(THEORY_CASES)])
+                         ids=[f"{check.__name__}-{i}" for i, (check, _) in enumerate(THEORY_CASES)])
 def test_theory_check_passes(check, sizes):
     """Every row of `python theory.py`'s table (seed 0), and the same checks at other sizes
     (seed 1): each runs its construction on random instances and its negative controls."""

@@ -34,14 +34,14 @@ def full_logits_loss(model, inputs, labels):
 
 
 def bench(config):
-    c = config
-    device = resolve_device(c.device)
+    device = resolve_device(config.device)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(c.seed)
-        model = LanguageModel(c).to(device)
-    optimizer = make_optimizer(model, c)
+        torch.manual_seed(config.seed)
+        model = LanguageModel(config).to(device)
+    optimizer = make_optimizer(model, config)
     inputs, labels = (x.to(device) for x in multiquery_ar(
-        c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs, c.power_a, seed=c.seed))
+        config.batch_size, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
+        seed=config.seed))
 
     def step_seconds(loss_fn):
         if device.type != "cpu":
@@ -63,11 +63,13 @@ def bench(config):
             seconds = step_seconds(fn)
             if i >= 2:
                 times[fn].append(seconds)
-    ours, full = (sorted(t)[len(t) // 2] for t in times.values())
-    print(f"training step, {c.mixer}, B={c.batch_size}, N={c.seq_len}, D={c.num_kv_pairs}, "
-          f"d={c.d_model}, c={c.vocab_size}, {device} (median of 10 steps each, alternating)")
-    print(f"  logits at the {c.num_kv_pairs} labelled positions per example: {ours * 1e3:8.1f} ms")
-    print(f"  logits at all {c.seq_len} positions (official harness): {full * 1e3:8.1f} ms")
+    ours, full = (sorted(runs)[len(runs) // 2] for runs in times.values())
+    print(f"training step, {config.mixer}, B={config.batch_size}, N={config.seq_len}, "
+          f"D={config.num_kv_pairs}, d={config.d_model}, c={config.vocab_size}, {device} "
+          "(median of 10 steps each, alternating)")
+    print(f"  logits at the {config.num_kv_pairs} labelled positions per example: "
+          f"{ours * 1e3:8.1f} ms")
+    print(f"  logits at all {config.seq_len} positions (official harness): {full * 1e3:8.1f} ms")
     print(f"  speedup {full / ours:.1f}x")
 
 
@@ -122,8 +124,8 @@ def mixers_bench(shapes=((8, 512, 64), (2, 4096, 64)), threads=1):
     q, k, v = (torch.randn(B, 1, T, d) for _ in range(3))
     t_full, ratios = _forward_seconds(lambda q: attention_fast(q, k, v), q), []
     for f in (sliding_window_fast, blocked_attention_fast):
-        t = _forward_seconds(lambda q: f(q, k, v, 32), q)
-        ratios.append(f"{f.__name__}(q, k, v, 32) {t / t_full:.3f}")
+        seconds = _forward_seconds(lambda q: f(q, k, v, 32), q)
+        ratios.append(f"{f.__name__}(q, k, v, 32) {seconds / t_full:.3f}")
     print(f"time over attention_fast(q, k, v)'s at (B, H, T, hs) = {(B, 1, T, d)}: "
           + ", ".join(ratios))
     # the recurrences alone, on the arguments each layer hands them at (B, T, d): the rows
@@ -179,7 +181,7 @@ def _peak_bytes(fn, *args, **kwargs):
     out = fn(*args, **kwargs)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    return peak, sum(t.numel() * t.element_size() for t in out)
+    return peak, sum(tensor.numel() * tensor.element_size() for tensor in out)
 
 
 def mqar_bench():

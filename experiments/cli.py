@@ -238,7 +238,7 @@ def hf_command(flags, rest):
                          "on a pretrained model (--samples=COUNT sets its size)")
     samples = _positive_flag(flags, "samples", 1000)
     rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
-    name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
+    name = "".join(char if char.isalnum() or char in "-." else "_" for char in flags["--hf"])
     Path("results").mkdir(exist_ok=True)
     Path(f"results/appendix_g-{name}.json").write_text(strict_json(rows))
     plot_appendix_g({flags["--hf"]: rows}, f"results/appendix_g-{name}.png",

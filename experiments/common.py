@@ -284,16 +284,17 @@ def load_records(folder):
 
 
 def t_quantile(p, dof):
-    """The p-quantile (p > 0.5) of Student's t with `dof` degrees of freedom: the t where
-    P(|T| < t) = 2p − 1, by bisection on that probability, the density's integral from 0 to t
-    by Simpson's rule on 2,000 intervals (error far below the 4th decimal)."""
-    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
-    density = lambda x: math.exp(log_c - (dof + 1) / 2 * math.log1p(x * x / dof))
-    def mass(t, n=2000):                               # P(|T| < t)
-        h = t / n
-        odd = sum(density((2 * i - 1) * h) for i in range(1, n // 2 + 1))
-        even = sum(density(2 * i * h) for i in range(1, n // 2))
-        return 2 * h / 3 * (density(0) + 4 * odd + 2 * even + density(t))
+    """The p-quantile (p > 0.5) of Student's t with `dof` degrees of freedom: the x where
+    P(|X| < x) = 2p − 1 for X of that law, by bisection on that probability, the density's
+    integral from 0 to x by Simpson's rule on 2,000 intervals (error far below the 4th
+    decimal)."""
+    log_norm = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    density = lambda x: math.exp(log_norm - (dof + 1) / 2 * math.log1p(x * x / dof))
+    def mass(bound, intervals=2000):                   # P(|X| < bound)
+        step = bound / intervals
+        odd = sum(density((2 * i - 1) * step) for i in range(1, intervals // 2 + 1))
+        even = sum(density(2 * i * step) for i in range(1, intervals // 2))
+        return 2 * step / 3 * (density(0) + 4 * odd + 2 * even + density(bound))
     low, high = 0.0, 1.0
     while mass(high) < 2 * p - 1:
         high *= 2
@@ -305,11 +306,11 @@ def t_quantile(p, dof):
 
 def mean_interval(values):
     """(mean, half-width of its 95% t-interval); the half-width is nan for one value."""
-    n, mean = len(values), sum(values) / len(values)
-    if n < 2:
+    count, mean = len(values), sum(values) / len(values)
+    if count < 2:
         return mean, float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (count - 1))
+    return mean, t_quantile(0.975, count - 1) * sd / math.sqrt(count)
 
 
 CELL_KEYS = ("mixer", "seq_len", "num_kv_pairs", "d_model")
@@ -330,7 +331,7 @@ def cells(records):
         for lr, runs in by_lr.items():
             configs = [dataclasses.asdict(Config(**r["config"])) for r in runs]
             differ = [k for k in configs[0] if k not in (*NOT_IDENTITY, "seed")
-                      and len({json.dumps(c[k]) for c in configs}) > 1]
+                      and len({json.dumps(config[k]) for config in configs}) > 1]
             if differ:
                 raise ValueError(f"the runs of cell {dict(zip(CELL_KEYS, cell))} at lr {lr:g} "
                                  f"differ in {', '.join(differ)}, not only in their seed: "

@@ -156,8 +156,8 @@ EPOCHS_SHOWN = (1, 2, 4, 8, 16, 32, 48, 64)    # the epochs epochs_table shows
 
 def epoch_scores(record, key):
     """{epoch: score} of a run that evaluates after every epoch (--preset=figure2)."""
-    c = Config(**record["config"])
-    return {e["step"] // steps_per_epoch(c): e[key] for e in record["history"] if key in e}
+    config = Config(**record["config"])
+    return {e["step"] // steps_per_epoch(config): e[key] for e in record["history"] if key in e}
 
 
 def pilot_choice(records):
@@ -201,9 +201,10 @@ def epochs_table(name="fig2_epochs"):
                      r["config"]["d_model"])
     rows = []
     for r in sorted(records, key=key):
-        c, test = r["config"], epoch_scores(r, "test_acc")
-        paper = figure2_at_64(c["label"], c["d_model"])
-        rows.append([c["label"], c["d_model"], f"{c['lr']:g}", f"{max(test):g}", ENDED[r["ended"]],
+        config, test = r["config"], epoch_scores(r, "test_acc")
+        paper = figure2_at_64(config["label"], config["d_model"])
+        rows.append([config["label"], config["d_model"], f"{config['lr']:g}", f"{max(test):g}",
+                     ENDED[r["ended"]],
                      " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
                      acc_text(r["test_acc"]), acc_text(r["valid_acc"]),
                      "–" if paper is None else f"{paper:.2f}",
@@ -223,24 +224,25 @@ def plot_epochs(name="fig2_epochs"):
     fig, ax = plt.subplots(figsize=(7, 4))
     widths = sorted({r["config"]["d_model"] for r in records})
     for r in sorted(records, key=lambda r: (r["config"]["label"], r["config"]["d_model"])):
-        c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
-        i, color = widths.index(c.d_model), model_color(c.label)
-        ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()), color=color,
+        config, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+        i, color = widths.index(config.d_model), model_color(config.label)
+        ax.plot([e * config.num_train / 1e6 for e in test], list(test.values()), color=color,
                 ls=("-", "--", "-.")[i % 3], marker=MARKERS[i % len(MARKERS)], ms=2.5,
-                label=f"{c.label}, d = {c.d_model}, lr {c.lr:g}")
-        paper = figure2_value(c)
+                label=f"{config.label}, d = {config.d_model}, lr {config.lr:g}")
+        paper = figure2_value(config)
         if paper is not None:
-            ax.axhline(paper, color=color, ls=":", lw=1.2)     # named on the left: the
-            ax.annotate(f"Figure 2, {c.label} d = {c.d_model}: {paper:.2f}",   # curves end
-                        (1.2, paper), fontsize=7, color=color, va="bottom")   # on the right
+            ax.axhline(paper, color=color, ls=":", lw=1.2)
+            # named on the left: the curves end on the right
+            ax.annotate(f"Figure 2, {config.label} d = {config.d_model}: {paper:.2f}",
+                        (1.2, paper), fontsize=7, color=color, va="bottom")
     epochs = sorted({r["config"]["max_steps"] // steps_per_epoch(Config(**r["config"]))
                      for r in records})
-    c = records[0]["config"]
-    ax.set(xlabel=f"training examples seen (millions; {c['num_train'] / 1e6:g}M per epoch)",
+    config = records[0]["config"]
+    ax.set(xlabel=f"training examples seen (millions; {config['num_train'] / 1e6:g}M per epoch)",
            ylabel="test accuracy", ylim=(0, 1.02), xlim=(0, 64 * 0.1 * 1.01))
-    ax.set_title(wrapped(f"Figure 2 at N = {c['seq_len']}, D = {c['num_kv_pairs']} on the "
-                         f"paper's budget (--preset=figure2): {budget_text(records)} "
-                         f"({', '.join(map(str, epochs))} epochs of {c['num_train']:,}), "
+    ax.set_title(wrapped(f"Figure 2 at N = {config['seq_len']}, D = {config['num_kv_pairs']} on "
+                         f"the paper's budget (--preset=figure2): {budget_text(records)} "
+                         f"({', '.join(map(str, epochs))} epochs of {config['num_train']:,}), "
                          f"{seeds_text(records)}\ndotted: the paper's Figure 2 (read off the "
                          "plot, ± 0.03)", 6.5), fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
@@ -281,16 +283,17 @@ def plotted_table(name="fig2_plotted"):
     chosen = plotted_choice(records)
     rows = []
     for r in sorted(records, key=key):
-        c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+        config, test = Config(**r["config"]), epoch_scores(r, "test_acc")
         valid = epoch_scores(r, "valid_acc")
-        picked = (c.preset == "figure2_plotted" and r["ended"] == "budget_steps"
-                  and chosen.get(c.d_model) == c.lr)
-        rows.append([c.label, c.d_model, f"{c.lr:g}", c.seed, c.n_layers, f"{c.batch_size:,}",
-                     f"{c.weight_decay:g}", "yes" if c.shuffle else "no",
+        picked = (config.preset == "figure2_plotted" and r["ended"] == "budget_steps"
+                  and chosen.get(config.d_model) == config.lr)
+        rows.append([config.label, config.d_model, f"{config.lr:g}", config.seed, config.n_layers,
+                     f"{config.batch_size:,}", f"{config.weight_decay:g}",
+                     "yes" if config.shuffle else "no",
                      f"{max(test)}" + (" (budget)" if r["ended"] == "budget_steps" else ""),
                      " ".join(acc_text(test[e]) if e in test else "–" for e in EPOCHS_SHOWN),
                      acc_text(valid[PLOTTED_EPOCHS]) + (" ✓" if picked else ""),
-                     f"{REPO_FIG2_BASE_CONV.get(c.d_model, float('nan')):.2f}",
+                     f"{REPO_FIG2_BASE_CONV.get(config.d_model, float('nan')):.2f}",
                      f"{r['train_time_s'] / 3600:.1f}"])
     return markdown(["run", "d", "lr", "seed", "sublayers", "batch", "weight decay", "reshuffled",
                      "epochs", "test accuracy after epoch " + ", ".join(map(str, EPOCHS_SHOWN)),
@@ -311,15 +314,17 @@ def plot_plotted(name="fig2_plotted"):
     for ax, d in zip(axes[0], widths):
         for r in sorted(records, key=lambda r: (labels.index(r["config"]["label"]),
                                                 r["config"]["lr"])):
-            c, test = Config(**r["config"]), epoch_scores(r, "test_acc")
-            if c.d_model != d:
+            config, test = Config(**r["config"]), epoch_scores(r, "test_acc")
+            if config.d_model != d:
                 continue
-            i = labels.index(c.label)
+            i = labels.index(config.label)
             cut = r["ended"] == "budget_steps"        # the first epochs of a 64-epoch run
-            ax.plot([e * c.num_train / 1e6 for e in test], list(test.values()),
-                    color=f"C{i}", ls=":" if c.seed else ("-", "--")[c.lr < 1e-2], ms=2.5,
-                    lw=(1.5, 3)[cut], alpha=(1, 0.5)[cut], marker=MARKERS[i % len(MARKERS)],
-                    label=f"{c.label}, lr {c.lr:g}" + (f", seed {c.seed}" if c.seed else "")
+            ax.plot([e * config.num_train / 1e6 for e in test], list(test.values()),
+                    color=f"C{i}", ls=":" if config.seed else ("-", "--")[config.lr < 1e-2],
+                    ms=2.5, lw=(1.5, 3)[cut], alpha=(1, 0.5)[cut],
+                    marker=MARKERS[i % len(MARKERS)],
+                    label=f"{config.label}, lr {config.lr:g}"
+                    + (f", seed {config.seed}" if config.seed else "")
                     + (f", {len(test)} epochs" if cut else ""))
         paper = REPO_FIG2_BASE_CONV.get(d)
         if paper is not None:
@@ -409,14 +414,15 @@ def plot_lr(name="fig2_lr"):
                xlim=(lrs[0] / 1.6, lrs[-1] * 1.6))
         ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=7)
         ax.set_xticks([], minor=True)
-    c = records[0]["config"]
+    config = records[0]["config"]
     axes[0][0].set_ylabel("test accuracy")
     axes[0][-1].legend([Line2D([], [], color="0.3", ls=ls, marker=marker, ms=3.5)
                         for ls, marker in styles.values()], [f"seed {s}" for s in seeds],
                        fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.suptitle(wrapped(f"{name} at {scale_text(scale)}: MQAR N = {c['seq_len']}, "
-                         f"D = {c['num_kv_pairs']}, d = {c['d_model']}, {budget_text(records)} "
-                         f"(a run stops at validation accuracy {c['target_acc']}){done}\n"
+    fig.suptitle(wrapped(f"{name} at {scale_text(scale)}: MQAR N = {config['seq_len']}, "
+                         f"D = {config['num_kv_pairs']}, d = {config['d_model']}, "
+                         f"{budget_text(records)} (a run stops at validation accuracy "
+                         f"{config['target_acc']}){done}\n"
                          f"each seed's test accuracy, the seeds moved apart along the lr "
                          f"axis; dotted: {PASS}", fig.get_figwidth()), fontsize=9)
     return save_figure(fig, f"results/{name}.png")

@@ -22,7 +22,7 @@ WINDOW_MODELS = {"attention": "attention", "sliding window 8": "sliding_window:w
                  "sliding window 32": "sliding_window:window=33",
                  "blocked 32": "blocked_attention:block_size=32"}
 SWEEPS = {
-    # appendix F.1: windows 8 and 32 in the official counting (it attends to W + 1 tokens)
+    # appendix F.1: windows 8 and 32 in the official counting (it attends to window + 1 tokens)
     "fig6": {
         "paper": dict(models=WINDOW_MODELS, preset=["figure2"], seq_len=[256], power_a=[0.1],
                       num_kv_pairs=[8, 16, 32, 64], d_model=[64, 128, 256], lr=PAPER_LRS,

@@ -318,7 +318,8 @@ def steps_text(records):
     span = f"{steps[0]:,}" if steps[0] == steps[-1] else f"{steps[0]:,}–{steps[-1]:,}"
     ends = [ENDED[r["ended"]] for r in records]
     counts = collections.Counter(ends)                       # in order of first appearance
-    why = ends[0] if len(counts) == 1 else ", ".join(f"{n} {e}" for e, n in counts.items())
+    why = (ends[0] if len(counts) == 1
+           else ", ".join(f"{count} {e}" for e, count in counts.items()))
     return f"{span} ({why})"
 
 

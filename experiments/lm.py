@@ -108,27 +108,28 @@ def build_vocabulary(token_lists, size):
     order). A token outside it is spelled in characters by `encode`, so a rare identifier
     repeated in a file still repeats as a sequence of ids (the AR hits of code)."""
     check_int("size", size, 3, "an integer >= 3 (<unk>, <eof> and a token)")
-    counts = Counter(t for tokens in token_lists for t in tokens if t not in (UNK, EOF))
+    counts = Counter(token for tokens in token_lists for token in tokens
+                     if token not in (UNK, EOF))
     chars = Counter()
-    for token, n in counts.items():
-        for ch in token:
-            chars[ch] += n
-    rank = lambda table: sorted(table, key=lambda t: (-table[t], t))
+    for token, count in counts.items():
+        for char in token:
+            chars[char] += count
+    rank = lambda table: sorted(table, key=lambda key: (-table[key], key))
     vocab = [UNK, EOF] + rank(chars)[:max(1, (size - 2) // 4)]
     known = set(vocab)
-    return vocab + [t for t in rank(counts) if t not in known][:size - len(vocab)]
+    return vocab + [token for token in rank(counts) if token not in known][:size - len(vocab)]
 
 
 def encode(tokens, vocabulary):
     """Token strings -> ids (int64 numpy array): a token of the vocabulary is its id, any
     other is spelled as the ids of its characters (0, <unk>, for a character outside it)."""
-    index = {t: i for i, t in enumerate(vocabulary)}
+    index = {token: i for i, token in enumerate(vocabulary)}
     ids = []
     for token in tokens:
         if token in index:
             ids.append(index[token])
         else:
-            ids.extend(index.get(ch, 0) for ch in token)
+            ids.extend(index.get(char, 0) for char in token)
     return np.array(ids, dtype=np.int64)
 
 
@@ -146,7 +147,7 @@ def corpus_streams(path=None, vocab_size=4096):
                          f"{'training' if not split[False] else 'validation'} files "
                          "(is_validation_file puts about 10% of the files in validation)")
     vocabulary = build_vocabulary(split[False], vocab_size)
-    train, valid = ([t for tokens in split[v] for t in tokens] for v in (False, True))
+    train, valid = ([token for tokens in split[v] for token in tokens] for v in (False, True))
     return encode(train, vocabulary), encode(valid, vocabulary), vocabulary
 
 
@@ -154,19 +155,20 @@ def lm_data(config):
     """Contexts of seq_len + 1 tokens of the corpus, as (inputs, the next tokens): num_train
     windows at random offsets of the training files' stream (numpy seed 2·seed), then
     num_test and num_valid consecutive windows of the validation files' stream."""
-    c = config
-    train_ids, valid_ids, _ = corpus_streams(c.corpus or None, c.vocab_size)
-    T = c.seq_len + 1
-    starts = np.random.default_rng(2 * c.seed).integers(0, len(train_ids) - T + 1, c.num_train)
-    n = len(valid_ids) // T
-    if c.num_test + c.num_valid > n:
-        raise ValueError(f"num_test={c.num_test} with num_valid={c.num_valid} is not allowed: "
-                         f"the validation files of corpus={c.corpus!r} hold {n} contexts of "
-                         f"seq_len + 1 = {T} tokens")
-    held = torch.from_numpy(valid_ids[:n * T].reshape(n, T))
+    train_ids, valid_ids, _ = corpus_streams(config.corpus or None, config.vocab_size)
+    T = config.seq_len + 1
+    starts = np.random.default_rng(2 * config.seed).integers(
+        0, len(train_ids) - T + 1, config.num_train)
+    num_held = len(valid_ids) // T
+    if config.num_test + config.num_valid > num_held:
+        raise ValueError(f"num_test={config.num_test} with num_valid={config.num_valid} is not "
+                         f"allowed: the validation files of corpus={config.corpus!r} hold "
+                         f"{num_held} contexts of seq_len + 1 = {T} tokens")
+    held = torch.from_numpy(valid_ids[:num_held * T].reshape(num_held, T))
     pairs = lambda contexts: (contexts[:, :-1], contexts[:, 1:])
     return (pairs(torch.from_numpy(train_ids[starts[:, None] + np.arange(T)])),
-            pairs(held[:c.num_test]), pairs(held[c.num_test:c.num_test + c.num_valid]))
+            pairs(held[:config.num_test]),
+            pairs(held[config.num_test:config.num_test + config.num_valid]))
 
 
 # ----------------------------------------------------------------------------------------
@@ -288,8 +290,8 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
     # frequency cut, at looser ones and at none (no bigram occurs more often than that)
     bigrams = bigram_counts(train_ids, len(vocabulary))
     thresholds = sorted({threshold, 10, 100, len(train_ids)})
-    hits = {t: label_hits(x_test.numpy(), y_test.numpy(), bigrams, len(vocabulary), t)
-            for t in thresholds}
+    hits = {cut: label_hits(x_test.numpy(), y_test.numpy(), bigrams, len(vocabulary), cut)
+            for cut in thresholds}
     # appendix G at the models' own length: P up to seq_len / 4, the vocabulary but <unk>
     # and <eof>, its most frequent character (id 2) as the filler
     pairs = [p for p in APPENDIX_G_PAIRS_OURS if 4 * p <= any_run.seq_len]
@@ -306,8 +308,8 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
             valid_loss=record.get("valid_loss", math.nan),
             curve=[[e["step"], e["valid_loss"]] for e in record["history"] if "valid_loss" in e],
             **sliced_perplexity(nll[label, seed], hits[threshold]),
-            ppl_ar_by_threshold=[sliced_perplexity(nll[label, seed], hits[t])["ppl_ar"]
-                                 for t in thresholds],
+            ppl_ar_by_threshold=[sliced_perplexity(nll[label, seed], hits[cut])["ppl_ar"]
+                                 for cut in thresholds],
             appendix_g=appendix_g(lambda ids: model.logits(model(ids)),
                                   torch.arange(2, len(vocabulary)), 2, pairs, g_samples,
                                   any_run.seq_len, batch_size=50)))
@@ -319,8 +321,8 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
                    seeds=list(seeds), tokens_per_step=any_run.batch_size * any_run.seq_len,
                    lr_valid_loss={label: [valid_loss[label, lr] for lr in lrs]
                                   for label in LM_MODELS},
-                   thresholds=[dict(threshold=t, ar_tokens=int(hits[t].sum()))
-                               for t in thresholds], rows=rows)
+                   thresholds=[dict(threshold=cut, ar_tokens=int(hits[cut].sum()))
+                               for cut in thresholds], rows=rows)
     summary_path, bars_path, curves_path, g_path = lm_outputs(any_run.out_dir)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(strict_json(summary))
@@ -451,8 +453,8 @@ def lm_tables(s):
                      [[name(label), *(number(v, 3) for v in losses), f"{chosen[label]:g}"]
                       for label, losses in s["lr_valid_loss"].items()])
     thresholds = markdown(
-        ["model", "seed", *(f"{t['threshold']:,} ({t['ar_tokens']:,} tokens)"
-                            for t in s["thresholds"])],
+        ["model", "seed", *(f"{cut['threshold']:,} ({cut['ar_tokens']:,} tokens)"
+                            for cut in s["thresholds"])],
         [[name(r["label"]), str(r["seed"]), *(f"{v:.1f}" for v in r["ppl_ar_by_threshold"])]
          for r in s["rows"]])
     pairs = [g["num_pairs"] for g in s["rows"][0]["appendix_g"]]
@@ -556,10 +558,10 @@ def hf_causal_lm(name_or_path):
         raise ValueError(f"--hf needs the optional package {TRANSFORMERS.split('=')[0]}: pip "
                          f"install {TRANSFORMERS} (the version the tests ran with)") from None
     model = AutoModelForCausalLM.from_pretrained(name_or_path).eval()
-    c = model.config
-    special = {getattr(c, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    config = model.config
+    special = {getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     special = {i for s in special for i in (s if isinstance(s, list) else [s]) if i is not None}
-    ids = torch.tensor([i for i in range(c.vocab_size) if i not in special])
+    ids = torch.tensor([i for i in range(config.vocab_size) if i not in special])
     return (lambda x: model(input_ids=x).logits), ids, int(ids[0])
 
 

@@ -88,7 +88,8 @@ def figure2_values(config):
 #   0.02/sqrt(2 n_layers). BaseConv and H3 (0f98dfe until 2f5b63c): TransformerBlock builds
 #   the sequence mixer again as the state mixer, with the same layer_idx, so each of the
 #   n_layers blocks is two mixer sublayers: BaseConv's n_layers=4 gives 8, kernels
-#   [3, 3, L, L, 3, 3, L, L]; H3's n_layers=2 gives 4. Here those are n_layers pre-norm blocks.
+#   [3, 3, long, long, 3, 3, long, long]; H3's n_layers=2 gives 4. Here those are n_layers
+#   pre-norm blocks.
 # Batch size (d_model.py): 1024 for N <= 256 and 128 at N = 512 (Hyena, RWKV, BaseConv);
 #   attention 256 and 128; H3 1024 up to N = 128, 256 at 256, 128 at 512.
 # Ours differs where it cannot matter to the number or is said: the init and the order are

@@ -119,7 +119,7 @@ def test_gpt2_init_of_the_official_hyena_is_the_official_init_weights():
     its implicit filter's included; its out_proj N(0, 0.02/√(2L)), not H3's; its bias, not a
     Linear, keeps its N(0, 1) (test_gpt2_init_is_the_official_init_weights: the MLP's)."""
     L = 2
-    std = lambda t: t.std().item()
+    std = lambda tensor: tensor.std().item()
     m = small_model(1, mixer="hyena:form=official,h3", init="gpt2", d_model=64)[1]
     hyena, h3 = m.blocks[0].mixer, m.blocks[1].mixer
     assert std(hyena.out_proj.weight) == pytest.approx(0.02 / math.sqrt(2 * L), rel=0.1)
@@ -189,8 +189,9 @@ def test_a_model_has_one_colour_in_every_figure():
     for label, colour in listed.items():
         colours[key(label)].add(colour)
     assert listed["BaseConv"] == listed["base_conv"]
-    assert all(len(c) == 1 for c in colours.values()), "one colour for a model's names"
-    assert len({c for cs in colours.values() for c in cs}) == len(colours), "one per model"
+    assert all(len(shades) == 1 for shades in colours.values()), "one colour for a model's names"
+    assert len({colour for shades in colours.values() for colour in shades}) == len(colours), (
+        "one per model")
     assert figures.model_color("a new mixer") == figures.model_color("a new mixer")
     assert figures.model_color("a new mixer") not in listed.values()
 
@@ -350,9 +351,9 @@ def test_official_implicit_filter_is_hyenas_filter():
     """zoology/mixers/hyena.py's Filter at Figure 2's settings, transcribed: Linear, Sin,
     Linear, Sin, Linear, Sin (one learned frequency, shared), Linear without bias, times
     exp(-t·|δ|) with δ = linspace(ln(1e-2)/1.5, ln(1e-2)/0.3, d)."""
-    d, L = 6, 30
+    d, T = 6, 30
     torch.manual_seed(0)
-    f = official.OfficialImplicitFilter(d, L).double()
+    f = official.OfficialImplicitFilter(d, T).double()
     with torch.no_grad():
         f.frequency.uniform_(0.5, 2.0)
     assert f.z.requires_grad and len(f.layers) == 3 and f.layers[0].out_features == 64
@@ -360,7 +361,7 @@ def test_official_implicit_filter_is_hyenas_filter():
     for layer in f.layers:
         a = torch.sin(f.frequency * (a @ layer.weight.T + layer.bias))
     delta = torch.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, d, dtype=F64)
-    t = torch.linspace(0, 1, L, dtype=F64)[:, None]
+    t = torch.linspace(0, 1, T, dtype=F64)[:, None]
     h = (a @ f.out.weight.T) * torch.exp(-t * delta.abs())
     assert torch.allclose(f(), h.T, atol=1e-12)
 
@@ -389,18 +390,18 @@ def test_h3_official_form_is_the_official_layer():
     H = d // hd
     m = make_mixer("h3", d=d, T=T, form="official", head_dim=hd, d_state=24)
     u = torch.randn(2, T, d, dtype=F64)
-    q, k, v = (t.transpose(1, 2) for t in m.qkv(u).split(d, dim=-1))         # (B, d, T)
+    q, k, v = (part.transpose(1, 2) for part in m.qkv(u).split(d, dim=-1))   # (B, d, T)
     ssm_k_D = torch.randn(d, dtype=F64)
     shift_C = m.shift_filter.h.clone()
     shift_C[:, 0] -= ssm_k_D
     k_f = torch.fft.rfft(shift_C, n=2 * T) * torch.fft.rfft(k, n=2 * T)
     k = torch.fft.irfft(k_f, n=2 * T)[..., :T] + ssm_k_D[:, None] * k
     dt = m.log_dt.exp()[:, None]
-    dtA = dt * torch.complex(-m.log_neg_A_re.exp(), m.A_im)                 # (H, n)
+    dtA = dt * torch.complex(-m.log_neg_A_re.exp(), m.A_im)                 # (H, modes)
     Cb = torch.complex(m.C_re, m.C_im) * dt / (1 - dtA / 2)
     dA = (1 + dtA / 2) / (1 - dtA / 2)
     ell = torch.arange(T, dtype=F64)
-    K = 2 * torch.einsum("hn,hnl->hl", Cb, torch.exp(dA.log()[..., None] * ell)).real
+    K = 2 * torch.einsum("hr,hrl->hl", Cb, torch.exp(dA.log()[..., None] * ell)).real
     kv = k.view(2, H, hd, 1, T).permute(0, 2, 3, 1, 4) * v.view(2, H, 1, hd, T).permute(
         0, 2, 3, 1, 4)                                                       # b d1 d2 h l
     kv_f = torch.fft.rfft(kv, n=2 * T) / (2 * T)
@@ -408,8 +409,8 @@ def test_h3_official_form_is_the_official_layer():
     y = y + kv * m.skip[:, None]
     y = (q.view(2, H, hd, 1, T).permute(0, 2, 3, 1, 4) * y).sum(1)           # b d2 h l
     y = y.reshape(2, hd * H, T).transpose(1, 2)                              # (d2, h) order
-    W = m.out_proj.weight.view(d, H, hd).transpose(1, 2).reshape(d, d)       # same order
-    assert torch.allclose(m(u), y @ W.T + m.out_proj.bias, atol=1e-12)
+    W_o = m.out_proj.weight.view(d, H, hd).transpose(1, 2).reshape(d, d)     # same order
+    assert torch.allclose(m(u), y @ W_o.T + m.out_proj.bias, atol=1e-12)
     bound = 1 / math.sqrt(24)
     assert m.shift_filter.h[:, 1:].abs().max() <= bound, "taps drawn as SSKernelShift's C"
 
@@ -554,10 +555,10 @@ def test_foreign_or_corrupt_files_in_a_results_folder_are_named(tmp_path):
 def test_a_results_folder_holds_one_record_per_run(tmp_path):
     """load_records names both files of a run held twice, and the file of a record whose
     config is not the run its name says (here: its lr edited by hand)."""
-    c = small_config(out_dir=str(tmp_path))
-    config = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("lr", "seed")}
-    record = fake_record(c.lr, c.seed, 0.5, 0.5, **config)
-    path = train.record_path(c)
+    config = small_config(out_dir=str(tmp_path))
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("lr", "seed")}
+    record = fake_record(config.lr, config.seed, 0.5, 0.5, **fields)
+    path = train.record_path(config)
     train.save_record(record, path)
     assert len(common.load_records(tmp_path)) == 1
     (tmp_path / "copy.json").write_text(path.read_text())
@@ -724,8 +725,8 @@ def test_a_sweep_runs_as_a_submitit_job_array_and_a_killed_job_resumes(tmp_path,
 
 
 def fake_record(lr, seed, test_acc, valid_acc, **config):
-    c = dataclasses.asdict(train.Config(lr=lr, seed=seed, **config))
-    return {"config": c, "test_acc": test_acc, "valid_acc": valid_acc, "seed": seed,
+    fields = dataclasses.asdict(train.Config(lr=lr, seed=seed, **config))
+    return {"config": fields, "test_acc": test_acc, "valid_acc": valid_acc, "seed": seed,
             "history": [], "ended": "max_steps"}
 
 
@@ -772,12 +773,12 @@ def test_a_cell_takes_the_lr_whose_mean_validation_accuracy_over_seeds_is_best()
                                            (30, 2.04227246), (120, 1.97993040)])
 def test_t_quantile_is_students(dof, quantile):
     """The 97.5% quantile of Student's t against published values (to 8 decimals), and its
-    defining property P(|T| < t) = 0.95 by a Monte Carlo check at dof = 5."""
+    defining property P(|X| < x) = 0.95 by a Monte Carlo check at dof = 5."""
     assert math.isclose(common.t_quantile(0.975, dof), quantile, rel_tol=1e-8)
     if dof == 5:
         torch.manual_seed(0)
-        t = torch.distributions.StudentT(5.0).sample((400_000,))
-        assert abs((t.abs() < quantile).double().mean().item() - 0.95) < 0.002
+        samples = torch.distributions.StudentT(5.0).sample((400_000,))
+        assert abs((samples.abs() < quantile).double().mean().item() - 0.95) < 0.002
 
 
 def test_help_names_every_sweep(capsys):
@@ -829,7 +830,7 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
     assert [Path(p).stat().st_size > 10_000 for p in paths] == [True, True, True]
     for fig in drawn[:2]:                                  # accuracy, and against state
         legend = fig.axes[-1].get_legend()                   # the last panel's
-        assert [t.get_text() for t in legend.get_texts()] == ["attention", "h3"]
+        assert [text.get_text() for text in legend.get_texts()] == ["attention", "h3"]
 
 
 def test_a_mixer_of_yours_on_another_sweep_or_unloadable_is_refused(tmp_path, monkeypatch,
@@ -910,8 +911,8 @@ def clipped_texts(fig):
         if ax.get_legend():
             texts += ax.get_legend().get_texts()
     width, height = fig.bbox.width, fig.bbox.height
-    return [t.get_text() for t in texts if t.get_visible() and t.get_text().strip()
-            for box in [t.get_window_extent(renderer)]
+    return [text.get_text() for text in texts if text.get_visible() and text.get_text().strip()
+            for box in [text.get_window_extent(renderer)]
             if box.x0 < -1 or box.y0 < -1 or box.x1 > width + 1 or box.y1 > height + 1]
 
 
@@ -922,8 +923,8 @@ def title_of(fig):
 
 def crosses(ax):
     """The points of the scatter collections of `ax` (the paper's values), in data units."""
-    return [tuple(p) for c in ax.collections if type(c).__name__ == "PathCollection"
-            for p in c.get_offsets()]
+    return [tuple(p) for collection in ax.collections
+            if type(collection).__name__ == "PathCollection" for p in collection.get_offsets()]
 
 
 def has_point(points, x, y):
@@ -964,7 +965,8 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
                                                         figures.model_color(bars.get_label()))
     for ax in curves.axes:                   # a run's line, and its model in the legend
         legend = ax.get_legend()
-        named = {t.get_text(): h for t, h in zip(legend.get_texts(), legend.legend_handles)}
+        named = {text.get_text(): handle
+                 for text, handle in zip(legend.get_texts(), legend.legend_handles)}
         for line in ax.lines:
             if not line.get_label().startswith("_") and "paper" not in line.get_label():
                 label = line.get_label().split(" N=")[0]
@@ -977,8 +979,8 @@ def test_sweep_figures_can_be_read(name, monkeypatch):
         ax = panels[panel]
         N = int(re.search(r"N = (\d+)", panel).group(1)) if "N = " in panel else 64
         value = figures.PAPER_FIG2[model][N][(64, 128, 256, 512).index(d)]
-        names = [t.get_text() for t in ax.get_xticklabels()]
-        bars = any(type(c).__name__ == "BarContainer" for c in ax.containers)
+        names = [text.get_text() for text in ax.get_xticklabels()]
+        bars = any(type(container).__name__ == "BarContainer" for container in ax.containers)
         x = names.index(model) if bars else d
         assert has_point(crosses(ax), x, value), (panel, model, d, value)
     if not PAPER_CELLS[name]:
@@ -1030,37 +1032,40 @@ def test_width_trend_correlates_accuracy_with_log2_of_the_width():
 
 
 def test_figure2_preset_is_the_official_sweep():
-    c = presets.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16, lr=1e-3)
-    assert c.mixer == ",".join(["h3:form=official:d_state=256:head_dim=2"] * 2)
-    assert (c.batch_size, c.num_train, c.num_test, c.vocab_size) == (256, 100_000, 3_000, 8192)
-    assert c.max_steps == 64 * 391 and c.eval_every == 391 and c.eval_probe == 0
-    assert (c.beta2, c.weight_decay, c.decay_all, c.grad_clip, c.warmup_steps) == (
-        0.999, 0.1, True, 0.0, 0)
-    assert (c.schedule, c.shuffle, c.block, c.init, c.dropout, c.lr) == (
-        "cosine_epochs", False, "identity_mlp", "gpt2", 0.1, 1e-3)
-    assert [presets.figure2_batch_size(n) for n in (64, 128, 256, 512)] == [512, 512, 256, 128]
-    c = presets.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
-    assert c.mixer == ("base_conv:kernel_size=3:form=official,base_conv:form=official,"
-                       "base_conv:kernel_size=3:form=official,base_conv:form=official")
-    assert c.batch_size == 64 and c.max_steps == 64 * 196, "given keys win over the preset"
-    c = presets.make_config(preset="figure2", mixer="rwkv")
-    assert c.mixer == "rwkv:form=official:layer_idx=0,rwkv:form=official:layer_idx=1"
-    c = presets.make_config(preset="figure2", mixer="mamba")
-    assert (c.block, c.dropout, c.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
+    config = presets.make_config(preset="figure2", mixer="h3", seq_len=256, num_kv_pairs=16,
+                                 lr=1e-3)
+    assert config.mixer == ",".join(["h3:form=official:d_state=256:head_dim=2"] * 2)
+    assert (config.batch_size, config.num_train, config.num_test, config.vocab_size) == (
+        256, 100_000, 3_000, 8192)
+    assert config.max_steps == 64 * 391 and config.eval_every == 391 and config.eval_probe == 0
+    assert (config.beta2, config.weight_decay, config.decay_all, config.grad_clip,
+            config.warmup_steps) == (0.999, 0.1, True, 0.0, 0)
+    assert (config.schedule, config.shuffle, config.block, config.init, config.dropout,
+            config.lr) == ("cosine_epochs", False, "identity_mlp", "gpt2", 0.1, 1e-3)
+    assert [presets.figure2_batch_size(N) for N in (64, 128, 256, 512)] == [512, 512, 256, 128]
+    config = presets.make_config(preset="figure2", mixer="base_conv", n_layers=4, batch_size=64)
+    assert config.mixer == ("base_conv:kernel_size=3:form=official,base_conv:form=official,"
+                            "base_conv:kernel_size=3:form=official,base_conv:form=official")
+    assert config.batch_size == 64 and config.max_steps == 64 * 196, (
+        "given keys win over the preset")
+    config = presets.make_config(preset="figure2", mixer="rwkv")
+    assert config.mixer == "rwkv:form=official:layer_idx=0,rwkv:form=official:layer_idx=1"
+    config = presets.make_config(preset="figure2", mixer="mamba")
+    assert (config.block, config.dropout, config.mixer) == ("rms_pre_norm", 0.0, "mamba,mamba")
     # configs.py: MHA with dropout 0.1 and 1 head; Based after a short BaseConv, feature_dim
     # 8 and 1 head
     attention = train.LanguageModel(presets.make_config(preset="figure2", mixer="attention"))
     assert [(type(b.mixer).__name__, b.mixer.num_heads, b.mixer.dropout)
             for b in attention.blocks] == [("Attention", 1, 0.1)] * 2
-    c = presets.make_config(preset="figure2", mixer="based")
-    assert c.mixer == "base_conv:kernel_size=3:form=official,based:feature_dim=8"
-    based = train.LanguageModel(c).blocks[1].mixer
+    config = presets.make_config(preset="figure2", mixer="based")
+    assert config.mixer == "base_conv:kernel_size=3:form=official,based:feature_dim=8"
+    based = train.LanguageModel(config).blocks[1].mixer
     assert (type(based).__name__, based.feature_dim, based.num_heads) == ("Based", 8, 1)
     assert presets.make_config(preset="figure2", mixer="short_conv").mixer == "short_conv"
     for name in presets.FIGURE2_MIXERS:                  # every official model builds
-        c = presets.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
-        train.LanguageModel(c)
-        assert mixers.mixer_setting(c.layers) == c.mixer       # the inverse of parse_layers
+        config = presets.make_config(preset="figure2", mixer=name, d_model=16, n_layers=4)
+        train.LanguageModel(config)
+        assert mixers.mixer_setting(config.layers) == config.mixer   # parse_layers's inverse
     with pytest.raises(ValueError, match="preset='fig2'"):
         presets.make_config(preset="fig2")
     with pytest.raises(ValueError, match="preset='figure2' is not allowed here: choose one of "
@@ -1082,13 +1087,15 @@ def test_pilot_marks_the_lr_chosen_on_validation_and_epochs_table_follows_each_e
     monkeypatch.chdir(tmp_path)
     epoch = math.ceil(100_000 / 512)
     def record(folder, lr, valid, test, epochs, d=64, loss=1.0):
-        c = presets.make_config(preset="figure2", mixer="base_conv", label="base_conv", lr=lr,
-                                d_model=d, out_dir=f"results/{folder}", progress=False)
+        config = presets.make_config(preset="figure2", mixer="base_conv", label="base_conv",
+                                     lr=lr, d_model=d, out_dir=f"results/{folder}",
+                                     progress=False)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
                     "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
-        train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
-                           "history": history, "steps": epochs * epoch, "valid_loss": loss,
-                           "train_time_s": 7200.0}, train.record_path(c))
+        train.save_record({**fake_record(lr, 0, test, valid),
+                           "config": dataclasses.asdict(config), "history": history,
+                           "steps": epochs * epoch, "valid_loss": loss, "train_time_s": 7200.0},
+                          train.record_path(config))
     record("fig2_pilot", 1e-2, valid=0.4, test=0.9, epochs=3)
     record("fig2_pilot", 2.15e-3, valid=0.5, test=0.3, epochs=3)
     chosen = lambda: [(row.split(" | ")[2], row.split(" | ")[8])
@@ -1114,14 +1121,15 @@ def test_fig2_plotted_table_picks_the_64_epoch_rate_on_validation(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     def record(folder, preset, lr, valid, test, epochs, ended="budget_steps", mixer="base_conv",
                label="as plotted (8486daf)", loss=1.0):
-        c = presets.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
-                                out_dir=f"results/{folder}", progress=False)
-        epoch = train.steps_per_epoch(c)
+        config = presets.make_config(preset=preset, mixer=mixer, label=label, lr=lr,
+                                     out_dir=f"results/{folder}", progress=False)
+        epoch = train.steps_per_epoch(config)
         history = [{"step": e * epoch, "loss": 1.0, "valid_acc": valid * e / epochs,
                     "test_acc": test * e / epochs} for e in range(1, epochs + 1)]
-        train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
-                           "history": history, "steps": epochs * epoch, "ended": ended,
-                           "train_time_s": 3600.0, "valid_loss": loss}, train.record_path(c))
+        train.save_record({**fake_record(lr, 0, test, valid),
+                           "config": dataclasses.asdict(config), "history": history,
+                           "steps": epochs * epoch, "ended": ended, "train_time_s": 3600.0,
+                           "valid_loss": loss}, train.record_path(config))
     record("fig2_plotted", "figure2_plotted", 1e-2, valid=0.4, test=0.9, epochs=16)
     record("fig2_plotted", "figure2_plotted", 2.15e-3, valid=0.5, test=0.3, epochs=16)
     record("fig2_epochs", "figure2", 1e-2, valid=0.32, test=0.56, epochs=64, ended="max_steps",
@@ -1181,14 +1189,16 @@ def test_fig2_plotted_grid_is_figure2s_n64_column_as_its_launches_ran_it():
     configs = [presets.make_config(**o)
                for _, o in common.sweep_runs("fig2_plotted_grid", sweep, "paper")]
     lrs, widths = (1e-4, 4.64e-4, 2.15e-3, 1e-2), (64, 128, 256, 512)
-    assert [(c.label, c.d_model, c.lr) for c in configs] == [
+    assert [(config.label, config.d_model, config.lr) for config in configs] == [
         (m, d, lr) for m in ("base_conv", "h3", "rwkv", "hyena", "attention") for d in widths
         for lr in lrs]
-    for c in configs:
-        assert (c.preset, c.seq_len, c.num_kv_pairs, c.seed) == ("figure2_plotted", 64, 4, 0)
-        assert (c.batch_size, c.max_steps) == ((256, 25_024) if c.label == "attention"
-                                               else (1_024, 6_272))
-        assert figures.figure2_value(c) == figures.PAPER_FIG2[c.label][64][widths.index(c.d_model)]
+    for config in configs:
+        assert (config.preset, config.seq_len, config.num_kv_pairs, config.seed) == (
+            "figure2_plotted", 64, 4, 0)
+        assert (config.batch_size, config.max_steps) == (
+            (256, 25_024) if config.label == "attention" else (1_024, 6_272))
+        assert figures.figure2_value(config) == (
+            figures.PAPER_FIG2[config.label][64][widths.index(config.d_model)])
     assert configs[0].mixer == figure2.PLOTTED_BASE_CONV["mixer"]
 
 
@@ -1200,12 +1210,14 @@ def test_fig2_plotted_grid_table_gives_the_validation_choice_and_the_figures_rul
     monkeypatch.chdir(tmp_path)
     for mixer, lr, valid, test in (("base_conv", 1e-2, 0.5, 0.6), ("base_conv", 2.15e-3, 0.4, 0.7),
                                    ("hyena", 1e-2, 0.3, 0.3)):
-        c = presets.make_config(preset="figure2_plotted", mixer=mixer, label=mixer, lr=lr,
-                                out_dir="results/fig2_plotted_grid", progress=False)
-        train.save_record({**fake_record(lr, 0, test, valid), "config": dataclasses.asdict(c),
-                           "history": [{"step": c.max_steps, "loss": 1.0, "valid_acc": valid,
-                                        "test_acc": test}],
-                           "steps": c.max_steps, "train_time_s": 60.0}, train.record_path(c))
+        config = presets.make_config(preset="figure2_plotted", mixer=mixer, label=mixer, lr=lr,
+                                     out_dir="results/fig2_plotted_grid", progress=False)
+        train.save_record({**fake_record(lr, 0, test, valid),
+                           "config": dataclasses.asdict(config),
+                           "history": [{"step": config.max_steps, "loss": 1.0,
+                                        "valid_acc": valid, "test_acc": test}],
+                           "steps": config.max_steps, "train_time_s": 60.0},
+                          train.record_path(config))
     rows = [r.strip("| ").split(" | ")
             for r in cli.markdown_table("fig2_plotted_grid").splitlines()[2:]]
     assert [[r[0], r[3], r[4], r[-2], r[-1]] for r in rows] == [
@@ -1218,10 +1230,10 @@ def test_lr_table_counts_every_lr_and_seed_that_passes(tmp_path, monkeypatch):
     """fig2_lr: every (lr, seed) run is shown and counted, none chosen: 2 of 4 pass 0.9."""
     monkeypatch.chdir(tmp_path)
     for lr, seed, acc in ((1e-3, 0, 0.95), (1e-3, 1, 0.25), (3e-3, 0, 0.91), (3e-3, 1, 0.9)):
-        c = train.make_config(mixer="h3", label="h3", lr=lr, seed=seed, progress=False,
-                              out_dir="results/fig2_lr")
-        train.save_record({**fake_record(lr, seed, acc, acc), "config": dataclasses.asdict(c)},
-                          train.record_path(c))
+        config = train.make_config(mixer="h3", label="h3", lr=lr, seed=seed, progress=False,
+                                   out_dir="results/fig2_lr")
+        train.save_record({**fake_record(lr, seed, acc, acc),
+                           "config": dataclasses.asdict(config)}, train.record_path(config))
     [row] = cli.markdown_table("fig2_lr").splitlines()[2:]
     assert row == "| h3 | .950 .250 | .910 .900 | 2/4 |"
     assert cli.main(["--plot=fig2_lr"]) == 0 and (tmp_path / "results/fig2_lr.png").exists()
@@ -1305,7 +1317,7 @@ def test_figure2_plotted_preset_is_each_plotted_launch():
                   target_acc=1.0, schedule="cosine_epochs", init="gpt2", dropout=0.1,
                   beta2=0.999, grad_clip=0.0, warmup_steps=0, num_train=100_000, num_test=3000,
                   num_valid=3000, vocab_size=8192, eval_probe=0, power_a=0.01)
-    S, L = "base_conv:kernel_size=3:form=official", "base_conv:form=official"
+    short, long = "base_conv:kernel_size=3:form=official", "base_conv:form=official"
     launches = {   # mixer: (n_layers, mlp, activation, batch at N = 64, 128, 256, 512, mixer)
         "attention": (2, True, "tanh", (256, 256, 256, 128), "attention:dropout=0.1,"
                       "attention:dropout=0.1"),
@@ -1313,22 +1325,24 @@ def test_figure2_plotted_preset_is_each_plotted_launch():
                   "hyena:form=official"),
         "rwkv": (2, True, "tanh", (1024, 1024, 1024, 128), "rwkv:form=official:layer_idx=0,"
                  "rwkv:form=official:layer_idx=1"),
-        "base_conv": (8, False, "gelu", (1024, 1024, 1024, 128), ",".join([S, S, L, L] * 2)),
+        "base_conv": (8, False, "gelu", (1024, 1024, 1024, 128),
+                      ",".join([short, short, long, long] * 2)),
         "h3": (4, False, "gelu", (1024, 1024, 256, 128), ",".join(
             ["h3:form=official:d_state=N:head_dim=2"] * 4))}
     for mixer, (n_layers, mlp, activation, batches, layers) in launches.items():
         for N, D, batch in zip((64, 128, 256, 512), (4, 8, 16, 64), batches):
-            c = presets.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
-                                    num_kv_pairs=D, lr=1e-2)
-            assert {k: getattr(c, k) for k in shared} == shared, mixer
+            config = presets.make_config(preset="figure2_plotted", mixer=mixer, seq_len=N,
+                                         num_kv_pairs=D, lr=1e-2)
+            assert {k: getattr(config, k) for k in shared} == shared, mixer
             epoch = -(-100_000 // batch)
-            assert (c.n_layers, c.mlp, c.mlp_activation, c.batch_size) == (
+            assert (config.n_layers, config.mlp, config.mlp_activation, config.batch_size) == (
                 n_layers, mlp, activation, batch), (mixer, N)
-            assert (c.max_steps, c.eval_every, c.lr) == (64 * epoch, epoch, 1e-2)
-            assert c.mixer == layers.replace("d_state=N", f"d_state={N}")
+            assert (config.max_steps, config.eval_every, config.lr) == (64 * epoch, epoch, 1e-2)
+            assert config.mixer == layers.replace("d_state=N", f"d_state={N}")
     assert presets.make_config(preset="figure2_plotted", mixer="base_conv").max_steps == 6272
-    c = presets.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
-    assert c.batch_size == 64 and c.max_steps == 64 * 391, "given keys win over the preset"
+    config = presets.make_config(preset="figure2_plotted", mixer="attention", batch_size=64)
+    assert config.batch_size == 64 and config.max_steps == 64 * 391, (
+        "given keys win over the preset")
     with pytest.raises(ValueError, match="mixer='mamba' is not allowed with preset='figure2_pl"):
         presets.make_config(preset="figure2_plotted", mixer="mamba")
     with pytest.raises(ValueError, match="mlp_activation='tanh' is not allowed with mlp=False"):
@@ -1342,12 +1356,12 @@ def test_figure2_plotted_models_are_the_launches_transcription(mixer):
     """One forward of each plotted model in float64 against the launch's backbone written
     out (plotted_launch_backbone), norms perturbed; the model's own step agrees. Against
     HEAD's identity_mlp block the same weights give another output."""
-    c = presets.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32, num_kv_pairs=2,
-                            vocab_size=256, d_model=16)
+    config = presets.make_config(preset="figure2_plotted", mixer=mixer, seq_len=32,
+                                 num_kv_pairs=2, vocab_size=256, d_model=16)
     torch.manual_seed(0)
-    model = train.LanguageModel(c).double().eval()
+    model = train.LanguageModel(config).double().eval()
     perturb_(model, 0.5, only="norm")
-    x, _ = multiquery_ar(3, c.vocab_size, c.seq_len, c.num_kv_pairs, seed=2)
+    x, _ = multiquery_ar(3, config.vocab_size, config.seq_len, config.num_kv_pairs, seed=2)
     with torch.no_grad():
         want = plotted_launch_backbone(model, x, doubled=mixer in ("base_conv", "h3"))
         assert torch.allclose(model(x), want, atol=1e-10)
@@ -1366,18 +1380,19 @@ def test_figure2_plotted_models_are_the_launches_transcription(mixer):
 def test_reachable_is_where_a_models_output_depends_on_the_key(mixer):
     """The bound of `reachable` is exact for the model: the final hidden state at q has a
     nonzero gradient with respect to the embedding at k < q iff reachable(q, k)."""
-    c, model, _, _ = small_model(1, double=True, mixer=mixer, seq_len=16, d_model=16, n_layers=2)
+    config, model, _, _ = small_model(1, double=True, mixer=mixer, seq_len=16, d_model=16,
+                                      n_layers=2)
     embedded = []
     model.embed.register_forward_hook(
         lambda m, i, out: embedded.append(out.detach().requires_grad_()) or embedded[-1])
-    hidden = model(torch.randint(1, c.vocab_size, (1, 16)))
+    hidden = model(torch.randint(1, config.vocab_size, (1, 16)))
     w = torch.randn(16, dtype=torch.float64)       # a LayerNorm's output sums to a constant
     q, k = torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij")
     lower = k < q
     depends = torch.stack([torch.autograd.grad(hidden[0, i] @ w, embedded[0],
                                                retain_graph=True)[0][0].abs().sum(-1) > 0
                            for i in range(16)])
-    assert torch.equal(depends[lower], figure6.reachable(c, q, k)[lower])
+    assert torch.equal(depends[lower], figure6.reachable(config, q, k)[lower])
     assert 0 < depends[lower].sum() <= lower.sum()
 
 
@@ -1420,15 +1435,15 @@ def test_a_mixer_of_yours_joins_the_frontier_beside_the_built_ins(tmp_path, monk
     monkeypatch.setattr(common, "train", train_yours_only)
     assert cli.main(["--sweep=frontier", mine]) == 0
     assert cli.main(["--sweep=frontier", none]) == 0
-    assert [c.label for c in trained] == ["GLA (yours)", "NoState (yours)"]
-    assert [c.mixer for c in trained] == ["base_conv:kernel_size=3,my_gla.py:GLA",
-                                          "base_conv:kernel_size=3,my_gla.py:NoState"]
+    assert [run.label for run in trained] == ["GLA (yours)", "NoState (yours)"]
+    assert [run.mixer for run in trained] == ["base_conv:kernel_size=3,my_gla.py:GLA",
+                                              "base_conv:kernel_size=3,my_gla.py:NoState"]
     assert sorted(p.name for p in (tmp_path / "results/frontier").glob("*.json")) == builtins
     assert len(list((tmp_path / "results/runs/frontier").glob("*.json"))) == 2
     capsys.readouterr()
     table = lambda mixer: (cli.main(["--table=frontier", mixer]), {
         row[0]: row[-1] for line in capsys.readouterr().out.splitlines()[2:]
-        for row in [[c.strip() for c in line.split("|")[1:-1]]]})
+        for row in [[cell.strip() for cell in line.split("|")[1:-1]]]})
     code, states = table(mine)
     assert code == 0 and list(states) == ["attention", "gla", "GLA (yours)"]
     assert states["GLA (yours)"] == "289"            # d² = 256, and 2d + 1 = 33 of BaseConv's
@@ -1444,9 +1459,10 @@ def test_a_mixer_of_yours_joins_the_frontier_beside_the_built_ins(tmp_path, monk
         drawn.clear()
         assert cli.main(["--plot=frontier", mixer]) == 0
         accuracy, state = drawn[:2]
-        bars = [t.get_text() for t in accuracy.axes[0].get_xticklabels()]    # one cell: bars
+        bars = [text.get_text() for text in accuracy.axes[0].get_xticklabels()]  # one cell: bars
         assert bars == ["attention", "gla", mixer.rpartition(":")[2] + " (yours)"]
-        assert [t.get_text() for t in state.axes[-1].get_legend().get_texts()] == state_labels
+        assert [text.get_text()
+                for text in state.axes[-1].get_legend().get_texts()] == state_labels
         assert ("NoState (yours)" in state._suptitle.get_text()) == (mixer == none)
     for suffix in ("", "_state", "_curves"):
         assert (tmp_path / f"results/runs/frontier{suffix}.png").stat().st_size > 10_000
@@ -1478,7 +1494,7 @@ def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
     for j, label in enumerate(labels):
         for i, value in enumerate(lm.PAPER_TABLE1.get(label, ())):
             assert has_point(crosses(ax), j + 0.27 * (i - 1), value), (label, i)
-    legend = " ".join(t.get_text() for t in curves.axes[0].get_legend().get_texts())
+    legend = " ".join(text.get_text() for text in curves.axes[0].get_legend().get_texts())
     for label in labels:
         if label in lm.PAPER_TABLE1:
             assert f"{lm.PAPER_TABLE1[label][0]:.2f}" in legend, label
@@ -1492,9 +1508,9 @@ def test_lm_figures_colour_bars_by_model_and_mark_table1(monkeypatch):
 def test_default_corpus_is_the_standard_library_without_tests():
     root, files = lm.corpus_files()
     names = [f.relative_to(root).as_posix() for f in files]
-    assert len(files) > 100 and all(n.endswith(".py") for n in names)
+    assert len(files) > 100 and all(name.endswith(".py") for name in names)
     assert "os.py" in names and not any(
-        set(n.split("/")[:-1]) & {"test", "tests", "site-packages"} for n in names)
+        set(name.split("/")[:-1]) & {"test", "tests", "site-packages"} for name in names)
     assert names == sorted(names)
 
 
@@ -1504,8 +1520,8 @@ def test_corpus_split_vocabulary_and_encoding(tmp_path):
     (tmp_path / "sub" / "b.txt").write_text("y y z")
     (tmp_path / ".hidden").write_text("never read")
     texts = lm.read_corpus(tmp_path)
-    assert [n for n, _ in texts] == ["a.txt", "sub/b.txt"]
-    tokens = [lm.TOKEN_PATTERN.findall(t) for _, t in texts]
+    assert [name for name, _ in texts] == ["a.txt", "sub/b.txt"]
+    tokens = [lm.TOKEN_PATTERN.findall(text) for _, text in texts]
     assert tokens[0] == ["x", "=", "y", "\n", "x", "=", "z", "\n"]
     tokens[1].append("yz")
     # characters: y 4, z 3, newline, = and x 2; (7 - 2) // 4 = 1 of them (y); then tokens:
@@ -1514,7 +1530,7 @@ def test_corpus_split_vocabulary_and_encoding(tmp_path):
     assert vocab == ["<unk>", "<eof>", "y", "\n", "=", "x", "z"]
     assert lm.encode(["x", "yz", "q", "y"], vocab).tolist() == [5, 2, 6, 0, 2]
     names = [f"file{i}.py" for i in range(2000)]
-    valid = [n for n in names if lm.is_validation_file(n)]
+    valid = [name for name in names if lm.is_validation_file(name)]
     # pinned: the split is crc32 of the name, the same on every machine and Python (hash()
     # would change with PYTHONHASHSEED)
     assert valid[:9] == ["file4.py", "file20.py", "file35.py", "file36.py", "file44.py",
@@ -1587,8 +1603,8 @@ LM_TINY = dict(task="lm", vocab_size=128, seq_len=32, d_model=16, n_layers=2, ba
 
 def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_per_token(tmp_path):
     corpus = _tiny_corpus(tmp_path / "corpus")
-    c = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
-    (x, y), (xt, yt), (xv, yv) = lm.lm_data(c)
+    config = train.make_config(corpus=str(corpus), **{**LM_TINY, "num_valid": 2})
+    (x, y), (xt, yt), (xv, yv) = lm.lm_data(config)
     train_ids, valid_ids, _ = lm.corpus_streams(str(corpus), 128)
     assert x.shape == (64, 32) and xt.shape == (8, 32) and xv.shape == (2, 32)
     assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(xt[:, 1:], yt[:, :-1])
@@ -1597,7 +1613,7 @@ def test_lm_data_are_next_token_contexts_of_the_split_and_token_nll_is_the_loss_
     text = " " + " ".join(map(str, train_ids.tolist())) + " "       # ids apart: 1 23 != 12 3
     assert all(f" {' '.join(map(str, row))} " in text
                for row in torch.cat([x[:3], y[:3, -1:]], 1).tolist())
-    model = train.LanguageModel(c)
+    model = train.LanguageModel(config)
     nll = lm.token_nll(model, xt, yt, batch_size=3)
     assert nll.shape == (8, 32)
     assert math.isclose(nll.mean(), train.labelled_loss(model, xt, yt)[0].item(), rel_tol=1e-5)
@@ -1611,13 +1627,14 @@ def test_a_language_model_trains_on_the_labs_data_and_train_py_alone_refuses_it(
     one-run command a sweep's worker runs) trains on lm_data: the run of train.train given
     lm_data, step for step."""
     corpus = _tiny_corpus(tmp_path / "corpus")
-    c = train.make_config(corpus=str(corpus), out_dir=str(tmp_path / "direct"), **LM_TINY)
+    config = train.make_config(corpus=str(corpus), out_dir=str(tmp_path / "direct"),
+                               **LM_TINY)
     with pytest.raises(ValueError, match="task='lm' is not allowed without its data: the LM "
                                          r"experiment \(python -m experiments --lm"):
-        train.train(c)
+        train.train(config)
     args = [f"--corpus={corpus}", *(f"--{k}={v}" for k, v in LM_TINY.items())]
     assert train.main(args) == 2
-    direct = train.train(c, lm.lm_data(c))
+    direct = train.train(config, lm.lm_data(config))
     assert cli.main([*args, f"--out_dir={tmp_path / 'one_run'}"]) == 0
     [record] = common.load_records(tmp_path / "one_run")
     assert record["steps"] == direct["steps"] == 4
@@ -1685,14 +1702,14 @@ def test_lm_experiment_chooses_rates_on_validation_slices_perplexity_and_resumes
         assert math.isnan(r["ar_share"]) == (r["label"] == "attention")
     # lm.json is strict JSON (no NaN literal): attention's share is null
     written = json.loads((tmp_path / "results" / "lm.json").read_text(),
-                         parse_constant=lambda c: pytest.fail(f"{c} in lm.json"))
+                         parse_constant=lambda constant: pytest.fail(f"{constant} in lm.json"))
     assert written["rows"][0]["label"] == "attention" and written["rows"][0]["ar_share"] is None
     # a looser threshold only adds hits; the experiment's threshold is the rows' slice
-    ts = [t["threshold"] for t in summary["thresholds"]]
-    assert ts == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
-    counts = [t["ar_tokens"] for t in summary["thresholds"]]
-    assert counts == sorted(counts) and counts[ts.index(10 ** 6)] == rows[0]["ar_tokens"]
-    assert all(r["ppl_ar_by_threshold"][ts.index(10 ** 6)] == r["ppl_ar"] for r in rows)
+    cuts = [cut["threshold"] for cut in summary["thresholds"]]
+    assert cuts == sorted({10, 100, 10 ** 6, summary["train_tokens"]})
+    counts = [cut["ar_tokens"] for cut in summary["thresholds"]]
+    assert counts == sorted(counts) and counts[cuts.index(10 ** 6)] == rows[0]["ar_tokens"]
+    assert all(r["ppl_ar_by_threshold"][cuts.index(10 ** 6)] == r["ppl_ar"] for r in rows)
     assert all([g["num_pairs"] for g in r["appendix_g"]] == [2, 4, 8] for r in rows)
     tables = lm.lm_tables(summary)
     assert len(tables[""].splitlines()) == 2 + len(rows)
@@ -1907,7 +1924,7 @@ def test_main_hands_each_command_to_its_own_function(args, chosen, monkeypatch):
     for name in COMMAND_FUNCTIONS:
         monkeypatch.setattr(cli, name, lambda flags, rest, name=name: called.append(
             (name, flags, rest)) or 7)
-    assert cli.main(args) == 7 and [c[0] for c in called] == [chosen]
+    assert cli.main(args) == 7 and [call[0] for call in called] == [chosen]
     _, flags, rest = called[0]
     assert sorted([*(f"{k}={v}" if v else k for k, v in flags.items()), *rest]) == sorted(args)
     assert all(a.split("=")[0] in cli.COMMANDS for a in flags) and not any(
