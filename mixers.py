@@ -471,11 +471,16 @@ def causal_conv_fft(u, h):
     FFT multiplication is a cyclic convolution; zero-padding both signals to 2T makes it
     the linear one, u ∗ h = iFFT(FFT(u)·FFT(h)), and we keep the first T outputs (without
     the padding the same formula gives the cyclic convolution u ⊛ h: test_all.py shows it).
+    Computed and returned in float32 or wider, under autocast too (as CPU autocast does).
     """
     B, T, d = u.shape
     padded = 2 * T
-    u_f = torch.fft.rfft(u.transpose(1, 2), n=padded)                       # (B, d, T+1)
-    h_f = torch.fft.rfft(h[:, :T], n=padded)                                # (d, T+1)
+    # cuFFT has no bfloat16 transform (torch.fft's docs: half only, at powers of two), and
+    # CUDA autocast, unlike the CPU's, casts nothing for torch.fft
+    # (torch._C._dispatch_dump("aten::fft_rfft") lists AutocastCPU only)
+    dtype = torch.promote_types(torch.promote_types(u.dtype, h.dtype), torch.float32)
+    u_f = torch.fft.rfft(u.transpose(1, 2).to(dtype), n=padded)             # (B, d, T+1)
+    h_f = torch.fft.rfft(h[:, :T].to(dtype), n=padded)                      # (d, T+1)
     return torch.fft.irfft(u_f * h_f, n=padded)[..., :T].transpose(1, 2)    # (B, T, d)
 
 

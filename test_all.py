@@ -28,6 +28,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 import mixers
 import mqar
@@ -341,6 +343,27 @@ def perturb_(module, scale, only=""):
                 p.add_(scale * torch.randn_like(p))
 
 
+HALF = (torch.float16, torch.bfloat16)
+FFT_FUNCTIONS = {getattr(torch.fft, name) for name in torch.fft.__all__ if name != "Tensor"}
+
+
+class FFTInputs(TorchFunctionMode):
+    """Records (function, dtypes of its tensor arguments) of every torch.fft call, as called:
+    a function mode sees a call before autocast's dispatcher casts anything, so on the CPU it
+    sees what cuFFT would get on CUDA (whose autocast has no rule for torch.fft)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FFT_FUNCTIONS:
+            self.calls.append((func.__name__, *[t.dtype for t in tree_leaves((args, kwargs))
+                                                if isinstance(t, torch.Tensor)]))
+        return func(*args, **kwargs)
+
+
 # every mixer with its defaults, and the options that change the code path it takes (the
 # official forms' cases are the lab's: OFFICIAL_CASES in experiments/test_lab.py)
 CASES = [(name, {}) for name in MIXERS] + [
@@ -423,6 +446,23 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 150, 8, dtype=F64)
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_no_fft_receives_half_precision_under_autocast(name, kw):
+    """bfloat16 autocast, forward and backward at T = 24 > SHORT_FILTER (the long filters
+    convolve by FFT): every torch.fft call gets float32 or wider. cuFFT has no bfloat16
+    transform, and CUDA autocast, unlike the CPU's, casts nothing for torch.fft
+    (torch._C._dispatch_dump("aten::fft_rfft") lists AutocastCPU only), so what FFTInputs
+    sees here is what a GPU would get."""
+    assert 24 > mixers.SHORT_FILTER
+    m = make_mixer(name, dtype=torch.float32, **kw)
+    x = torch.randn(2, 24, 16, requires_grad=True)
+    with FFTInputs() as fft:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = mix(m, x)
+        y.float().square().sum().backward()
+    assert [call for call in fft.calls if set(call[1:]) & set(HALF)] == []
 
 
 def test_the_reference_files_never_import_the_lab():
