@@ -29,6 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import mixers
@@ -344,6 +345,7 @@ def perturb_(module, scale, only=""):
 
 
 HALF = (torch.float16, torch.bfloat16)
+WIDE = (torch.float64, torch.complex128)                # what an Apple GPU (mps) does not have
 FFT_FUNCTIONS = {getattr(torch.fft, name) for name in torch.fft.__all__ if name != "Tensor"}
 
 
@@ -362,6 +364,20 @@ class FFTInputs(TorchFunctionMode):
             self.calls.append((func.__name__, *[t.dtype for t in tree_leaves((args, kwargs))
                                                 if isinstance(t, torch.Tensor)]))
         return func(*args, **kwargs)
+
+
+class ProducedDtypes(TorchDispatchMode):
+    """Records (aten op, dtype) of every tensor each op produces, backward's included."""
+
+    def __init__(self):
+        super().__init__()
+        self.produced = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.produced.update((str(func), t.dtype) for t in tree_leaves(out)
+                             if isinstance(t, torch.Tensor))
+        return out
 
 
 # every mixer with its defaults, and the options that change the code path it takes (the
@@ -463,6 +479,17 @@ def test_no_fft_receives_half_precision_under_autocast(name, kw):
             y = mix(m, x)
         y.float().square().sum().backward()
     assert [call for call in fft.calls if set(call[1:]) & set(HALF)] == []
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_float32_forward_and_backward_make_no_float64(name, kw):
+    """An Apple GPU (mps) has no float64 and no complex128: a float32 forward and backward of
+    every mixer produces none (float32, complex64, integers and booleans only)."""
+    m = make_mixer(name, dtype=torch.float32, **kw)
+    x = torch.randn(2, 24, 16, requires_grad=True)
+    with ProducedDtypes() as mode:
+        mix(m, x).square().sum().backward()
+    assert sorted((op, dtype) for op, dtype in mode.produced if dtype in WIDE) == []
 
 
 def test_the_reference_files_never_import_the_lab():
@@ -1019,6 +1046,25 @@ def test_blocked_attention_is_attention_on_each_block(impl, block_size):
     assert torch.allclose(m(x), y, atol=1e-12)
     if block_size > 1:
         assert not torch.allclose(attn(x), y, atol=1e-6), "blocks do change the output"
+
+
+@pytest.mark.parametrize("T", [128, 4096])
+@pytest.mark.parametrize("hs", [16, 64, 128])
+def test_rotary_in_float32_turns_as_float64_to_T_ulps(T, hs):
+    """rotary on float32 input (angles in float32: an Apple GPU has no float64) against the
+    formula written out in float64, channel pairs (i, i + hs/2) turned by t·10000^(-2i/hs):
+    every pair's error, relative to its length, within T·2⁻²³ (the angle's float32 rounding
+    at t < T; 1.5e-5 at T = 128, the language-model experiment's, and 4.9e-4 at 4096)."""
+    x, t = torch.randn(T, hs, dtype=F64), torch.arange(T)
+    angle = t[:, None].double() * 10000.0 ** (-2 * torch.arange(hs // 2, dtype=F64) / hs)
+    x1, x2 = x[:, :hs // 2], x[:, hs // 2:]
+    want = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()],
+                     dim=-1)
+    got = mixers.rotary(x.float(), t)
+    assert got.dtype == torch.float32
+    error = got.double() - want
+    relative = (error[:, :hs // 2].hypot(error[:, hs // 2:]) / x1.hypot(x2)).max()
+    assert relative < T * 2 ** -23, relative
 
 
 def test_rotary_scores_depend_on_relative_positions_only():
@@ -2466,6 +2512,18 @@ def test_amp_and_compiled_training_run_and_compile_matches_eager(tmp_path, monke
     assert runs["amp"]["ended"] == "max_steps" and runs["amp"]["history"]
     with pytest.raises(ValueError, match="compile='fast' is not allowed"):
         train.check_config(small_config(compile="fast"))
+
+
+def test_the_lm_experiment_s_model_makes_no_float64_in_float32():
+    """The language-model experiment's model (the Llama block around rotary attention, no
+    learned positions): its float32 loss and backward produce no float64 or complex128
+    tensor, which an Apple GPU (mps) does not have (test_float32_forward_and_backward_make_no_
+    float64 is the same over every mixer)."""
+    _, model, x, y = small_model(16, mixer="attention:rotary=true", block="rms_pre_norm",
+                                 mlp=True, position_embedding="none")
+    with ProducedDtypes() as mode:
+        (train.labelled_loss(model, x, y)[0] + model.aux_loss()).backward()
+    assert sorted((op, dtype) for op, dtype in mode.produced if dtype in WIDE) == []
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():
