@@ -10,6 +10,7 @@ T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A w
 formula loops over channels with ch.
 """
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -2524,6 +2525,36 @@ def test_the_lm_experiment_s_model_makes_no_float64_in_float32():
     with ProducedDtypes() as mode:
         (train.labelled_loss(model, x, y)[0] + model.aux_loss()).backward()
     assert sorted((op, dtype) for op, dtype in mode.produced if dtype in WIDE) == []
+
+
+def a_gpu(monkeypatch, name, capability):
+    """torch.cuda as on a machine whose one GPU is `name` of compute `capability` (major,
+    minor), for what check_config and resolve_device read."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    # is_bf16_supported's rule: native from compute capability 8.0, emulated below it
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: including_emulation or
+                        capability >= (8, 0))
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_amp_is_refused_on_a_gpu_without_native_bfloat16(device, monkeypatch):
+    """amp=True on a GPU that emulates bfloat16 (a Turing T4, compute 7.5; is_bf16_supported()
+    counts emulation by default) is one line that says why and what to do; on an Ampere GPU
+    (8.0) it passes, and float32 passes on both."""
+    a_gpu(monkeypatch, "Tesla T4", (7, 5))
+    with pytest.raises(ValueError) as refused:
+        train.check_config(small_config(device=device, amp=True))
+    assert str(refused.value) == (
+        f"amp=True is not allowed on Tesla T4 (device={device!r}, compute capability 7.5): it "
+        "has no native bfloat16 (compute capability 8.0 and later do), and emulated bfloat16 "
+        "runs slower than float32; train in float32 with --amp=false")
+    assert train.check_config(small_config(device=device)).amp is False
+    a_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB", (8, 0))
+    assert train.check_config(small_config(device=device, amp=True)).amp is True
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():

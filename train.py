@@ -300,11 +300,24 @@ def check_config(config):
     if config.device == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device='mps' is not allowed: this machine or torch build has no "
                          "Apple GPU (MPS); use --device=cpu or --device=auto")
-    if resolve_device(config.device).type == "mps" and (config.amp or config.compile):
+    device = resolve_device(config.device)
+    if device.type == "mps" and (config.amp or config.compile):
         raise ValueError(f"amp={config.amp} with compile={config.compile!r} is not allowed on "
                          f"'mps' (device={config.device!r}): bfloat16 autocast and torch.compile "
                          "are checked on CUDA only; run without them there (--amp=false "
                          "--compile=)")
+    if config.amp and device.type == "cuda":
+        # is_bf16_supported() counts emulation too; emulated (below compute capability 8.0:
+        # Turing, Pascal) it runs, slower than float32. It asks the current device: the run's.
+        with torch.cuda.device(device):
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        if not native:
+            major, minor = torch.cuda.get_device_capability(device)
+            raise ValueError(f"amp=True is not allowed on {torch.cuda.get_device_name(device)} "
+                             f"(device={config.device!r}, compute capability {major}.{minor}): it "
+                             "has no native bfloat16 (compute capability 8.0 and later do), and "
+                             "emulated bfloat16 runs slower than float32; train in float32 with "
+                             "--amp=false")
     check_choice("task", config.task, TASKS)
     if config.task == "mqar":
         multiquery_ar(0, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
