@@ -2557,6 +2557,41 @@ def test_amp_is_refused_on_a_gpu_without_native_bfloat16(device, monkeypatch):
     assert train.check_config(small_config(device=device, amp=True)).amp is True
 
 
+def test_tf32_and_deterministic_hold_for_the_run_only_and_name_it(tmp_path, monkeypatch):
+    """A run sets torch's TF32 flag for float32 matrix products (tf32) and its deterministic
+    algorithms (deterministic, by torch.use_deterministic_algorithms) to its settings at every
+    training step and evaluation, and gives the caller's flags back after it; each is part of
+    the identity when on and absent when off (the default)."""
+    calls, seen = [], []
+    use_deterministic, loss = torch.use_deterministic_algorithms, train.labelled_loss
+
+    def recording_use_deterministic(mode, **kwargs):
+        calls.append(mode)
+        use_deterministic(mode, **kwargs)
+
+    def recording_loss(*args):
+        seen.append((torch.backends.cuda.matmul.allow_tf32,
+                     torch.are_deterministic_algorithms_enabled()))
+        return loss(*args)
+
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", recording_use_deterministic)
+    monkeypatch.setattr(train, "labelled_loss", recording_loss)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.are_deterministic_algorithms_enabled())
+    assert before == (False, False)
+    for on in (True, False):
+        calls.clear(), seen.clear()
+        config = small_config(out_dir=str(tmp_path), max_steps=2, eval_every=2, tf32=on,
+                              deterministic=on)
+        train.train(config)
+        assert set(seen) == {(on, on)} and len(seen) > 2, "every step and evaluation"
+        assert calls == [on, False], "set for the run, then the caller's setting back"
+        assert (torch.backends.cuda.matmul.allow_tf32,
+                torch.are_deterministic_algorithms_enabled()) == before
+        named = json.loads(train.identity(config))
+        assert (named.get("tf32"), named.get("deterministic")) == ((True, True) if on else
+                                                                    (None, None))
+
+
 def test_lr_schedule_warms_up_then_decays_to_zero():
     c = train.Config(lr=1.0, warmup_steps=10, max_steps=110)
     lrs = [train.lr_at(s, c) for s in range(111)]
@@ -2818,6 +2853,8 @@ OTHER_VALUE = {   # field: (another value, it changes the tiny run here)
     "preset": ("figure2", False),      # names where the values came from: make_config
     "seed": (1, True), "device": ("cpu", False),       # "auto" is the CPU on this machine
     "amp": (True, True), "compile": ("eager", False),  # the same arithmetic, traced
+    "tf32": (True, False),                             # cuBLAS's: nothing on the CPU
+    "deterministic": (True, False),                    # the CPU's kernels are already
     "out_dir": ("elsewhere", False), "save_model": (True, False),
     "checkpoint_every": (1e-9, False), "progress": (True, False), "label": ("x", False),
 }
