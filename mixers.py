@@ -290,10 +290,14 @@ def rotary(x, positions, base=10000.0):
     """Rotary position embedding (Su et al., 2021) of x (..., T, hs) at `positions` (T,):
     channel i of the first half and i of the second, a pair, turned by the angle
     t·base^(-2i/hs) at position t (the Llama / GPT-NeoX layout), so that q·k after it depends
-    on the positions only through their difference."""
+    on the positions only through their difference. The angles are computed in x's
+    precision, float32 at least (an Apple GPU has no float64; Hugging Face's Llama computes
+    them in float32 too): over T positions, float32's turns are float64's to T·2⁻²³ radians
+    (5e-4 at T = 4096; test_all.py)."""
     hs = x.shape[-1]
-    freqs = base ** (-2 * torch.arange(hs // 2, dtype=torch.float64, device=x.device) / hs)
-    angles = positions.to(torch.float64)[:, None] * freqs                   # (T, hs/2)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    freqs = base ** (-2 * torch.arange(hs // 2, dtype=dtype, device=x.device) / hs)
+    angles = positions.to(dtype)[:, None] * freqs                           # (T, hs/2)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :hs // 2], x[..., hs // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -471,11 +475,16 @@ def causal_conv_fft(u, h):
     FFT multiplication is a cyclic convolution; zero-padding both signals to 2T makes it
     the linear one, u ∗ h = iFFT(FFT(u)·FFT(h)), and we keep the first T outputs (without
     the padding the same formula gives the cyclic convolution u ⊛ h: test_all.py shows it).
+    Computed and returned in float32 or wider, under autocast too (as CPU autocast does).
     """
     B, T, d = u.shape
     padded = 2 * T
-    u_f = torch.fft.rfft(u.transpose(1, 2), n=padded)                       # (B, d, T+1)
-    h_f = torch.fft.rfft(h[:, :T], n=padded)                                # (d, T+1)
+    # cuFFT has no bfloat16 transform (torch.fft's docs: half only, at powers of two), and
+    # CUDA autocast, unlike the CPU's, casts nothing for torch.fft
+    # (torch._C._dispatch_dump("aten::fft_rfft") lists AutocastCPU only)
+    dtype = torch.promote_types(torch.promote_types(u.dtype, h.dtype), torch.float32)
+    u_f = torch.fft.rfft(u.transpose(1, 2).to(dtype), n=padded)             # (B, d, T+1)
+    h_f = torch.fft.rfft(h[:, :T].to(dtype), n=padded)                      # (d, T+1)
     return torch.fft.irfft(u_f * h_f, n=padded)[..., :T].transpose(1, 2)    # (B, T, d)
 
 

@@ -10,6 +10,7 @@ T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A w
 formula loops over channels with ch.
 """
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -28,6 +29,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import mixers
 import mqar
@@ -341,6 +345,42 @@ def perturb_(module, scale, only=""):
                 p.add_(scale * torch.randn_like(p))
 
 
+HALF = (torch.float16, torch.bfloat16)
+WIDE = (torch.float64, torch.complex128)                # what an Apple GPU (mps) does not have
+FFT_FUNCTIONS = {getattr(torch.fft, name) for name in torch.fft.__all__ if name != "Tensor"}
+
+
+class FFTInputs(TorchFunctionMode):
+    """Records (function, dtypes of its tensor arguments) of every torch.fft call, as called:
+    a function mode sees a call before autocast's dispatcher casts anything, so on the CPU it
+    sees what cuFFT would get on CUDA (whose autocast has no rule for torch.fft)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FFT_FUNCTIONS:
+            self.calls.append((func.__name__, *[t.dtype for t in tree_leaves((args, kwargs))
+                                                if isinstance(t, torch.Tensor)]))
+        return func(*args, **kwargs)
+
+
+class ProducedDtypes(TorchDispatchMode):
+    """Records (aten op, dtype) of every tensor each op produces, backward's included."""
+
+    def __init__(self):
+        super().__init__()
+        self.produced = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.produced.update((str(func), t.dtype) for t in tree_leaves(out)
+                             if isinstance(t, torch.Tensor))
+        return out
+
+
 # every mixer with its defaults, and the options that change the code path it takes (the
 # official forms' cases are the lab's: OFFICIAL_CASES in experiments/test_lab.py)
 CASES = [(name, {}) for name in MIXERS] + [
@@ -423,6 +463,34 @@ def test_default_chunks_are_crossed_and_fast_equals_reference(name):
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 150, 8, dtype=F64)
     assert torch.allclose(fast(x), ref(x), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_no_fft_receives_half_precision_under_autocast(name, kw):
+    """bfloat16 autocast, forward and backward at T = 24 > SHORT_FILTER (the long filters
+    convolve by FFT): every torch.fft call gets float32 or wider. cuFFT has no bfloat16
+    transform, and CUDA autocast, unlike the CPU's, casts nothing for torch.fft
+    (torch._C._dispatch_dump("aten::fft_rfft") lists AutocastCPU only), so what FFTInputs
+    sees here is what a GPU would get."""
+    assert 24 > mixers.SHORT_FILTER
+    m = make_mixer(name, dtype=torch.float32, **kw)
+    x = torch.randn(2, 24, 16, requires_grad=True)
+    with FFTInputs() as fft:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = mix(m, x)
+        y.float().square().sum().backward()
+    assert [call for call in fft.calls if set(call[1:]) & set(HALF)] == []
+
+
+@pytest.mark.parametrize("name,kw", CASES, ids=IDS)
+def test_float32_forward_and_backward_make_no_float64(name, kw):
+    """An Apple GPU (mps) has no float64 and no complex128: a float32 forward and backward of
+    every mixer produces none (float32, complex64, integers and booleans only)."""
+    m = make_mixer(name, dtype=torch.float32, **kw)
+    x = torch.randn(2, 24, 16, requires_grad=True)
+    with ProducedDtypes() as mode:
+        mix(m, x).square().sum().backward()
+    assert sorted((op, dtype) for op, dtype in mode.produced if dtype in WIDE) == []
 
 
 def test_the_reference_files_never_import_the_lab():
@@ -979,6 +1047,25 @@ def test_blocked_attention_is_attention_on_each_block(impl, block_size):
     assert torch.allclose(m(x), y, atol=1e-12)
     if block_size > 1:
         assert not torch.allclose(attn(x), y, atol=1e-6), "blocks do change the output"
+
+
+@pytest.mark.parametrize("T", [128, 4096])
+@pytest.mark.parametrize("hs", [16, 64, 128])
+def test_rotary_in_float32_turns_as_float64_to_T_ulps(T, hs):
+    """rotary on float32 input (angles in float32: an Apple GPU has no float64) against the
+    formula written out in float64, channel pairs (i, i + hs/2) turned by t·10000^(-2i/hs):
+    every pair's error, relative to its length, within T·2⁻²³ (the angle's float32 rounding
+    at t < T; 1.5e-5 at T = 128, the language-model experiment's, and 4.9e-4 at 4096)."""
+    x, t = torch.randn(T, hs, dtype=F64), torch.arange(T)
+    angle = t[:, None].double() * 10000.0 ** (-2 * torch.arange(hs // 2, dtype=F64) / hs)
+    x1, x2 = x[:, :hs // 2], x[:, hs // 2:]
+    want = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()],
+                     dim=-1)
+    got = mixers.rotary(x.float(), t)
+    assert got.dtype == torch.float32
+    error = got.double() - want
+    relative = (error[:, :hs // 2].hypot(error[:, hs // 2:]) / x1.hypot(x2)).max()
+    assert relative < T * 2 ** -23, relative
 
 
 def test_rotary_scores_depend_on_relative_positions_only():
@@ -2435,6 +2522,83 @@ def test_amp_and_compiled_training_run_and_compile_matches_eager(tmp_path, monke
         train.check_config(small_config(compile="fast"))
 
 
+def test_the_lm_experiment_s_model_makes_no_float64_in_float32():
+    """The language-model experiment's model (the Llama block around rotary attention, no
+    learned positions): its float32 loss and backward produce no float64 or complex128
+    tensor, which an Apple GPU (mps) does not have (test_float32_forward_and_backward_make_no_
+    float64 is the same over every mixer)."""
+    _, model, x, y = small_model(16, mixer="attention:rotary=true", block="rms_pre_norm",
+                                 mlp=True, position_embedding="none")
+    with ProducedDtypes() as mode:
+        (train.labelled_loss(model, x, y)[0] + model.aux_loss()).backward()
+    assert sorted((op, dtype) for op, dtype in mode.produced if dtype in WIDE) == []
+
+
+def a_gpu(monkeypatch, name, capability):
+    """torch.cuda as on a machine whose one GPU is `name` of compute `capability` (major,
+    minor), for what check_config and resolve_device read."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    # is_bf16_supported's rule: native from compute capability 8.0, emulated below it
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: including_emulation or
+                        capability >= (8, 0))
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_amp_is_refused_on_a_gpu_without_native_bfloat16(device, monkeypatch):
+    """amp=True on a GPU that emulates bfloat16 (a Turing T4, compute 7.5; is_bf16_supported()
+    counts emulation by default) is one line that says why and what to do; on an Ampere GPU
+    (8.0) it passes, and float32 passes on both."""
+    a_gpu(monkeypatch, "Tesla T4", (7, 5))
+    with pytest.raises(ValueError) as refused:
+        train.check_config(small_config(device=device, amp=True))
+    assert str(refused.value) == (
+        f"amp=True is not allowed on Tesla T4 (device={device!r}, compute capability 7.5): it "
+        "has no native bfloat16 (compute capability 8.0 and later do), and emulated bfloat16 "
+        "runs slower than float32; train in float32 with --amp=false")
+    assert train.check_config(small_config(device=device)).amp is False
+    a_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB", (8, 0))
+    assert train.check_config(small_config(device=device, amp=True)).amp is True
+
+
+def test_tf32_and_deterministic_hold_for_the_run_only_and_name_it(tmp_path, monkeypatch):
+    """A run sets torch's TF32 flag for float32 matrix products (tf32) and its deterministic
+    algorithms (deterministic, by torch.use_deterministic_algorithms) to its settings at every
+    training step and evaluation, and gives the caller's flags back after it; each is part of
+    the identity when on and absent when off (the default)."""
+    calls, seen = [], []
+    use_deterministic, loss = torch.use_deterministic_algorithms, train.labelled_loss
+
+    def recording_use_deterministic(mode, **kwargs):
+        calls.append(mode)
+        use_deterministic(mode, **kwargs)
+
+    def recording_loss(*args):
+        seen.append((torch.backends.cuda.matmul.allow_tf32,
+                     torch.are_deterministic_algorithms_enabled()))
+        return loss(*args)
+
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", recording_use_deterministic)
+    monkeypatch.setattr(train, "labelled_loss", recording_loss)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.are_deterministic_algorithms_enabled())
+    assert before == (False, False)
+    for on in (True, False):
+        calls.clear(), seen.clear()
+        config = small_config(out_dir=str(tmp_path), max_steps=2, eval_every=2, tf32=on,
+                              deterministic=on)
+        train.train(config)
+        assert set(seen) == {(on, on)} and len(seen) > 2, "every step and evaluation"
+        assert calls == [on, False], "set for the run, then the caller's setting back"
+        assert (torch.backends.cuda.matmul.allow_tf32,
+                torch.are_deterministic_algorithms_enabled()) == before
+        named = json.loads(train.identity(config))
+        assert (named.get("tf32"), named.get("deterministic")) == ((True, True) if on else
+                                                                    (None, None))
+
+
 def test_lr_schedule_warms_up_then_decays_to_zero():
     config = train.Config(lr=1.0, warmup_steps=10, max_steps=110)
     lrs = [train.lr_at(s, config) for s in range(111)]
@@ -2696,6 +2860,8 @@ OTHER_VALUE = {   # field: (another value, it changes the tiny run here)
     "preset": ("figure2", False),      # names where the values came from: make_config
     "seed": (1, True), "device": ("cpu", False),       # "auto" is the CPU on this machine
     "amp": (True, True), "compile": ("eager", False),  # the same arithmetic, traced
+    "tf32": (True, False),                             # cuBLAS's: nothing on the CPU
+    "deterministic": (True, False),                    # the CPU's kernels are already
     "out_dir": ("elsewhere", False), "save_model": (True, False),
     "checkpoint_every": (1e-9, False), "progress": (True, False), "label": ("x", False),
 }

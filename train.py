@@ -21,7 +21,8 @@ Usage:
 Every run writes one JSON record (config, history, scores, steps, times, how it ended and
 what produced it) to `out_dir` when it ends, named by the settings that differ from the
 defaults (identity). Run again, a finished run is not retrained (the main job always
-trains) and an unfinished one continues exactly from its last checkpoint.
+trains) and an unfinished one continues from its last checkpoint: exactly on the CPU, and on
+CUDA with --deterministic=true (Checkpoints).
 
 Glossary (code name -> paper symbol): B batch, T = seq_len (N), d_model (d),
 num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled positions.
@@ -112,6 +113,13 @@ class Config:
     device: str = "auto"              # "auto" (cuda, else mps, else cpu: resolve_device), "cpu",
                                       # "cuda", "cuda:INDEX" or "mps"
     amp: bool = False                 # bfloat16 autocast in training (for a GPU): see train
+    tf32: bool = False                # float32 matrix products on CUDA's tensor cores in TF32
+                                      # (Ampere and later): faster, but products of 10-bit
+                                      # mantissas change a run's numbers, so off keeps every run
+                                      # and its float32 agreement with the CPU; amp is faster
+                                      # still. Nothing on a CPU or mps (torch_settings)
+    deterministic: bool = False       # torch's deterministic algorithms for the run: on CUDA,
+                                      # what makes a continued run exact (Checkpoints); slower
     compile: str = ""                 # a torch.compile backend for the training forward
                                       # ("inductor" on a GPU); "" does not compile
     out_dir: str = "results/runs"
@@ -300,11 +308,24 @@ def check_config(config):
     if config.device == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device='mps' is not allowed: this machine or torch build has no "
                          "Apple GPU (MPS); use --device=cpu or --device=auto")
-    if resolve_device(config.device).type == "mps" and (config.amp or config.compile):
+    device = resolve_device(config.device)
+    if device.type == "mps" and (config.amp or config.compile):
         raise ValueError(f"amp={config.amp} with compile={config.compile!r} is not allowed on "
                          f"'mps' (device={config.device!r}): bfloat16 autocast and torch.compile "
                          "are checked on CUDA only; run without them there (--amp=false "
                          "--compile=)")
+    if config.amp and device.type == "cuda":
+        # is_bf16_supported() counts emulation too; emulated (below compute capability 8.0:
+        # Turing, Pascal) it runs, slower than float32. It asks the current device: the run's.
+        with torch.cuda.device(device):
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        if not native:
+            major, minor = torch.cuda.get_device_capability(device)
+            raise ValueError(f"amp=True is not allowed on {torch.cuda.get_device_name(device)} "
+                             f"(device={config.device!r}, compute capability {major}.{minor}): it "
+                             "has no native bfloat16 (compute capability 8.0 and later do), and "
+                             "emulated bfloat16 runs slower than float32; train in float32 with "
+                             "--amp=false")
     check_choice("task", config.task, TASKS)
     if config.task == "mqar":
         multiquery_ar(0, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
@@ -628,11 +649,14 @@ def train(config, data=None):
 
     Every random draw (the init, dropout, the batch order) comes from generators seeded by
     `seed` (seeded_rng, BatchOrder): a run is the same run alone, in a sweep, or resumed.
-    Killed or stopped with Ctrl-C, it continues exactly where it stopped when started again
-    (Checkpoints); a Ctrl-C during the last step finishes the run, then raises
-    KeyboardInterrupt so that the caller stops. On a GPU the data sits on the device; `amp`
-    runs the training forward and loss under bfloat16 autocast (no loss scaling needed) and
-    `compile` through torch.compile; evaluation stays float32 and eager.
+    Killed or stopped with Ctrl-C, it continues where it stopped when started again
+    (Checkpoints): exactly on the CPU, and on CUDA with `deterministic`, without which some
+    CUDA kernels add in an order that changes from run to run. A Ctrl-C during the last step
+    finishes the run, then raises KeyboardInterrupt so that the caller stops. On a GPU the
+    data sits on the device; `amp` runs the training forward and loss under bfloat16
+    autocast (no loss scaling needed) and `compile` through torch.compile; evaluation stays
+    float32 and eager. `tf32` and `deterministic` set torch's flags for the run only
+    (torch_settings).
     """
     check_config(config)
     device = resolve_device(config.device)
@@ -641,7 +665,7 @@ def train(config, data=None):
     # host-to-device copy per step)
     (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in
                                        (make_data(config) if data is None else data))
-    with seeded_rng(config.seed, device), stop_requests() as stop_requested:
+    with seeded_rng(config.seed, device), torch_settings(config), stop_requests() as stop_requested:
         model = LanguageModel(config).to(device)
         optimizer = make_optimizer(model, config)
         order = BatchOrder(config, device)
@@ -758,7 +782,13 @@ class Checkpoints:
     "interrupted"; a second Ctrl-C abandons the step (the last checkpoint stands). Started
     again with the same settings, a run continues exactly: the same batches, dropout masks
     and weights as a run never stopped, on the same device type and thread count (a
-    checkpoint of another device type is refused: its random streams are not this one's)."""
+    checkpoint of another device type is refused: its random streams are not this one's).
+    That holds on the CPU always, and on CUDA only with deterministic=True (on the same GPU
+    model): without it some CUDA kernels add with atomics in an order that changes from run
+    to run (attention's memory-efficient and flash backward, scatter_add_ and so gather's
+    backward: torch.use_deterministic_algorithms's docs), so a continued run matches one
+    never stopped only to rounding, and drifts from it as it trains. On mps it is not
+    checked."""
 
     def __init__(self, config, model, optimizer, order, device):
         self.config, self.model, self.optimizer, self.order, self.device = (
@@ -837,6 +867,39 @@ def seeded_rng(seed, device):
         elif kind == "mps":
             torch.mps.manual_seed(seed)
         yield
+
+
+@contextlib.contextmanager
+def torch_settings(config):
+    """torch's process-wide flags as the run's settings say, for the block; the caller's
+    back after it.
+
+    tf32: torch.backends.cuda.matmul.allow_tf32, float32 matrix products by cuBLAS in TF32
+    (nothing on a CPU or mps; cuDNN's convolutions, which no mixer here uses, default to
+    TF32 already). This flag, not the newer torch.backends.cuda.matmul.fp32_precision: once
+    that one is set, torch.get_float32_matmul_precision(), which torch.compile's inductor
+    reads, raises (the two APIs mixed).
+    deterministic: torch.use_deterministic_algorithms, a deterministic kernel for every op
+    that has one and an error for one that has none (its docs list both). On CUDA it makes
+    attention's backward deterministic: scaled_dot_product_attention's flash and
+    memory-efficient backwards run their deterministic forms and cuDNN's, which has none, is
+    not chosen (aten/src/ATen/native/transformers/cuda/attention_backward.cu, sdp_utils.cpp),
+    so no backend needs forcing; and scatter_add_, gather's backward, index_add and
+    index_select's backward take deterministic kernels. cuBLAS needs nothing more: torch
+    gives each handle and stream a workspace of its own, which is what cuBLAS's "Results
+    reproducibility" asks (pytorch/pytorch#161749 dropped torch's CUBLAS_WORKSPACE_CONFIG
+    requirement).
+    """
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.backends.cuda.matmul.allow_tf32 = config.tf32
+    torch.use_deterministic_algorithms(config.deterministic)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
 
 @contextlib.contextmanager

@@ -74,6 +74,22 @@ def test_official_form_fast_equals_reference(name, kw, monkeypatch):
     test_all.test_mixer_fast_equals_reference(name, kw, monkeypatch)
 
 
+@pytest.mark.parametrize("name,kw", OFFICIAL_CASES, ids=case_ids(OFFICIAL_CASES))
+def test_no_fft_of_an_official_form_receives_half_precision_under_autocast(name, kw):
+    """test_no_fft_receives_half_precision_under_autocast over OFFICIAL_CASES: under bfloat16
+    autocast, every torch.fft call of an official form gets float32 or wider (cuFFT has no
+    bfloat16 transform, and CUDA autocast casts nothing for torch.fft)."""
+    test_all.test_no_fft_receives_half_precision_under_autocast(name, kw)
+
+
+@pytest.mark.parametrize("name,kw", OFFICIAL_CASES, ids=case_ids(OFFICIAL_CASES))
+def test_float32_forward_and_backward_of_an_official_form_make_no_float64(name, kw):
+    """test_float32_forward_and_backward_make_no_float64 over OFFICIAL_CASES: no float64 or
+    complex128 tensor (an Apple GPU has neither) in an official form's float32 forward and
+    backward."""
+    test_all.test_float32_forward_and_backward_make_no_float64(name, kw)
+
+
 def test_an_official_form_loads_the_lab_only_when_a_run_asks_for_it():
     """A mixer's official form (form=official) loads experiments/official.py by its name, as
     a mixer of your own loads, only when a run asks for it (importing mixers.py, mqar.py,
