@@ -1888,6 +1888,36 @@ def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
     assert cli.main(args) == 2 and message in capsys.readouterr().err
 
 
+# a hook on the import system that prints PYTORCH_ENABLE_MPS_FALLBACK as it is when torch
+# is imported (torch reads it then, once: aten/src/ATen/mps/MPSFallback.mm registers the
+# fallback as its library loads), then the lab's entry that follows it
+TORCH_IMPORT_PROBE = """import os, runpy, sys
+class Probe:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            print("at torch's import:", os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK"),
+                  file=sys.stderr)
+sys.meta_path.insert(0, Probe())
+"""
+
+
+@pytest.mark.parametrize("entry,user,seen", [
+    ("runpy.run_module('experiments', run_name='__main__', alter_sys=True)", None, "1"),
+    ("import experiments.common", None, "1"), ("import experiments.cli", "0", "0")])
+def test_the_lab_turns_the_mps_fallback_on_before_torch_is_imported(entry, user, seen):
+    """python -m experiments --help (run as -m runs it) and an import of a lab module (as a
+    Slurm job imports experiments.common) import torch with PYTORCH_ENABLE_MPS_FALLBACK=1,
+    so that on an Apple GPU an op mps lacks runs on the CPU; a value the user set stays."""
+    env = {k: v for k, v in LAB_ENV.items() if k != "PYTORCH_ENABLE_MPS_FALLBACK"}
+    if user is not None:
+        env["PYTORCH_ENABLE_MPS_FALLBACK"] = user
+    out = subprocess.run([sys.executable, "-c", TORCH_IMPORT_PROBE + entry, "--help"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"at torch's import: {seen}\n" in out.stderr, out.stderr[-2000:]
+
+
 COMMAND_FUNCTIONS = ("table_command", "plot_command", "submit_command", "sweep_command",
                      "hf_command", "lm_command", "one_run_command", "bench_command",
                      "main_job_command")
