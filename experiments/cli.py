@@ -68,7 +68,7 @@ from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_d
 from experiments.presets import PRESETS, make_config
 from mixers import check_choice
 from train import (BASE_CONV, MAIN_MODELS, MAIN_STEPS, Config, _parse_value, _positive_flag,
-                   main_job, parse_arguments, run_command, runs_table)
+                   main_job, parse_arguments, resolve_device, run_command, runs_table)
 
 
 # ----------------------------------------------------------------------------------------
@@ -232,12 +232,14 @@ def bench_command(flags, rest):
 
 
 def hf_command(flags, rest):
-    """--hf=NAME_OR_PATH [--samples=COUNT]: appendix G on a Hugging Face causal LM."""
+    """--hf=NAME_OR_PATH [--samples=COUNT]: appendix G on a Hugging Face causal LM, on the
+    device "auto" finds (resolve_device: a GPU where there is one)."""
     if rest:
         raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
                          "on a pretrained model (--samples=COUNT sets its size)")
     samples = _positive_flag(flags, "samples", 1000)
-    rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
+    device = resolve_device("auto")
+    rows = appendix_g(*hf_causal_lm(flags["--hf"], device), num_samples=samples, device=device)
     name = "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in flags["--hf"])
     Path("results").mkdir(exist_ok=True)
     Path(f"results/appendix_g-{name}.json").write_text(strict_json(rows))

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import mixers
 import mqar
@@ -1803,6 +1804,83 @@ def test_hf_without_transformers_names_the_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)            # import fails
     with pytest.raises(ValueError, match=r"transformers.*pip install transformers==5\.24\.0"):
         lm.hf_causal_lm("any/model")
+
+
+class EvaluationStopped(Exception):
+    """Raised by EvaluationDevices where an evaluation on the meta device needs data."""
+
+
+class EvaluationDevices(TorchFunctionMode):
+    """The device types of the tensors that reach a model's embedding (its ids and table),
+    the loss (logits and labels) and the masks that select from the loss, by what they
+    reach. It stops the evaluation (EvaluationStopped) at the first such selection or move
+    to the CPU: a meta tensor holds no values to select or copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.loss = {}, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        selection = func is torch.Tensor.__getitem__ and tensors[0] is self.loss
+        what = {F.embedding: "embedding", F.cross_entropy: "loss"}.get(func,
+                                                                     selection and "mask")
+        if what:
+            self.seen.setdefault(what, set()).update(t.device.type for t in tensors)
+        if selection or func is torch.Tensor.cpu:
+            raise EvaluationStopped
+        out = func(*args, **(kwargs or {}))
+        if func is F.cross_entropy:
+            self.loss = out
+        return out
+
+
+def test_the_lm_evaluation_runs_on_the_runs_device(tmp_path, monkeypatch):
+    """The LM experiment's model loads onto its run's device (train.resolve_device of its
+    `device`; here it resolves to the meta device) and scores the held-out tokens there
+    (token_nll) and appendix G's sequences (appendix_g): every tensor that reaches the
+    embedding, the loss and the masks is on that device. The model trains on the CPU
+    first (train's own resolve_device)."""
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    c = train.make_config(corpus=str(corpus), out_dir=str(tmp_path), save_model=True, **LM_TINY)
+    asked = []
+    monkeypatch.setattr(lm, "resolve_device", raising=False,
+                        value=lambda name: asked.append(name) or torch.device("meta"))
+    model, record = lm.trained_model(c)
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
+    assert asked == ["auto"] and record["device"] == "cpu"
+    _, (x_test, y_test), _ = lm.lm_data(c)
+    with EvaluationDevices() as devices, pytest.raises(EvaluationStopped):
+        lm.token_nll(model, x_test, y_test, batch_size=3)
+    assert devices.seen == {"embedding": {"meta"}, "loss": {"meta"}}
+    with EvaluationDevices() as devices, pytest.raises(EvaluationStopped):
+        lm.appendix_g(lambda ids: model.logits(model(ids)), torch.arange(2, 128), 2, (2,),
+                      num_samples=4, seq_len=32, batch_size=2, device=torch.device("meta"))
+    assert devices.seen == {"embedding": {"meta"}, "loss": {"meta"}, "mask": {"meta"}}
+
+
+def test_appendix_g_of_a_hugging_face_model_runs_on_the_device_auto_finds(tmp_path,
+                                                                          monkeypatch):
+    """--hf=PATH: the model and appendix G's sequences are on resolve_device("auto") (a
+    GPU where there is one; here it resolves to the meta device)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=1, eos_token_id=2)).save_pretrained(tmp_path / "llama")
+    monkeypatch.chdir(tmp_path)
+    asked, devices = [], EvaluationDevices()
+    monkeypatch.setattr(cli, "resolve_device", raising=False,
+                        value=lambda name: asked.append(name) or torch.device("meta"))
+    def appendix_g(*args, **kwargs):                  # the evaluation alone, recorded
+        with devices:
+            return lm.appendix_g(*args, **kwargs)
+    monkeypatch.setattr(cli, "appendix_g", appendix_g)
+    with pytest.raises(EvaluationStopped):
+        cli.main([f"--hf={tmp_path / 'llama'}", "--samples=4"])
+    assert devices.seen == {"embedding": {"meta"}, "loss": {"meta"}, "mask": {"meta"}}
+    assert asked == ["auto"]
 
 
 # ----------------------------------------------------------------------------------------
