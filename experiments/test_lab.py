@@ -630,6 +630,91 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
     assert "-s1-" in log.name and "ran" in log.read_text()
 
 
+class FakeWorker:
+    """subprocess.Popen for run_in_processes: a run that lasts 3 polls of its loop for seed 0
+    and 1 poll for any other; it notes in `started` its CUDA_VISIBLE_DEVICES (None: unset),
+    the GPUs of the workers still running when it starts, and its whole environment."""
+    started, running = [], []
+
+    def __init__(self, args, env, **kwargs):
+        self.gpu, self.returncode = env.get("CUDA_VISIBLE_DEVICES"), None
+        self.polls = 3 if "--seed=0" in args else 1
+        self.started.append((self.gpu, [w.gpu for w in self.running], env))
+        self.running.append(self)
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls == 0:
+            self.running.remove(self)
+            self.returncode = 0
+        return self.returncode
+
+
+def workers_started(tmp_path, monkeypatch, gpus, workers, **kwargs):
+    """(CUDA_VISIBLE_DEVICES, the running workers' GPUs, environment) of each worker that
+    run_in_processes starts for 5 runs (seeds 0-4) on `workers` workers, with `gpus` CUDA
+    GPUs visible (torch.cuda monkeypatched)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(subprocess, "Popen", FakeWorker)
+    monkeypatch.setattr(FakeWorker, "started", [])
+    monkeypatch.setattr(FakeWorker, "running", [])
+    runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(5)]
+    common.run_in_processes(runs, presets.make_config, workers, "test", **kwargs)
+    assert not FakeWorker.running and not list(tmp_path.glob("*.log"))
+    return FakeWorker.started
+
+
+def test_workers_each_take_a_gpu_of_their_own_and_more_workers_than_gpus_are_asked_for(
+        tmp_path, monkeypatch, capsys):
+    """Two workers on two GPUs: each run gets the GPU of the worker slot it takes
+    (CUDA_VISIBLE_DEVICES), so no two running runs share one; seed 0 outlasts seeds 1-3,
+    which take the second GPU in turn (a round-robin over runs would put seed 2 beside seed
+    0). A CUDA_VISIBLE_DEVICES the user set names the GPUs. A third worker on two GPUs is
+    refused, from the command line too, unless --workers_per_gpu allows two per GPU."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    started = workers_started(tmp_path, monkeypatch, 2, 2)
+    assert [(gpu, beside) for gpu, beside, _ in started] == [
+        ("0", []), ("1", ["0"]), ("1", ["0"]), ("1", ["0"]), ("0", [])]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,3")
+    assert [gpu for gpu, _, _ in workers_started(tmp_path, monkeypatch, 2, 2)] == [
+        "5", "3", "3", "3", "5"]
+    with pytest.raises(ValueError, match=r"--workers=3 is not allowed with 2 GPUs and "
+                                         r"--workers_per_gpu=1: .*--workers_per_gpu=2"):
+        workers_started(tmp_path, monkeypatch, 2, 3)
+    assert FakeWorker.started == []
+    shared = workers_started(tmp_path, monkeypatch, 2, 3, workers_per_gpu=2)
+    assert [gpu for gpu, _, _ in shared[:3]] == ["5", "3", "5"]
+    assert all([*beside, gpu].count(gpu) <= 2 for gpu, beside, _ in shared)
+    asked = []
+    monkeypatch.setattr(cli, "run_sweep", lambda *a, **kw: asked.append(kw) or [])
+    assert cli.main(["--sweep=main", "--workers=3", "--workers_per_gpu=2"]) == 0
+    assert asked[0]["workers"] == 3 and asked[0]["workers_per_gpu"] == 2
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: pytest.fail("started a run"))
+    assert cli.main(["--sweep=main", "--workers=3"]) == 2
+    assert "--workers=3 is not allowed with 2 GPUs" in capsys.readouterr().err
+
+
+def test_workers_without_a_gpu_keep_the_environment_they_had(tmp_path, monkeypatch):
+    """No CUDA GPU (none, or the user's CUDA_VISIBLE_DEVICES hides them): every worker's
+    environment is this process's with its share of the threads and the lab on its path,
+    nothing else, and any number of workers runs."""
+    for hidden in (None, ""):
+        if hidden is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        started = workers_started(tmp_path, monkeypatch, 0, 3)
+        assert len(started) == 5 and all(gpu == hidden for gpu, _, _ in started)
+        for _, _, env in started:
+            assert {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")
+                    } == {k: v for k, v in os.environ.items()
+                          if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
+
+
 def test_a_run_stopped_by_its_own_ctrl_c_stops_the_sweep_in_workers_and_in_one_process(
         tmp_path, monkeypatch):
     """A run that stops on a SIGINT of its own exits as train.py does then: status 130 (a
@@ -1940,6 +2025,8 @@ def test_the_benchmarks_are_the_labs(monkeypatch):
     (["--sweep=main", "--launcher=slurm", "--parallel=-1"], "--parallel=-1 is not allowed"),
     (["--sweep=main", "--dry_run", "--workers=2"], "--workers is not allowed with --dry_run"),
     (["--workers=2"], "--launcher and --workers are not allowed without --sweep"),
+    (["--sweep=main", "--workers_per_gpu=2"], "--workers_per_gpu is not allowed without --workers"),
+    (["--sweep=main", "--workers=2", "--workers_per_gpu=0"], "--workers_per_gpu=0 is not allowed"),
     (["--sweep=main", "--workers=0"], "--workers=0 is not allowed"),
     (["--hf=gpt2", "--samples=0"], "--samples=0 is not allowed"),
     (["--lm", "--samples=-3"], "--samples=-3 is not allowed"),
