@@ -23,7 +23,9 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
                                       fig2_plotted, f2; fig2_plotted_grid at paper scale
                                       only); records in results/<sweep>/, finished runs
                                       skipped, unfinished ones continued; --workers=K runs K
-                                      at once; --launcher=slurm submits them through
+                                      at once, each on a GPU of its own where there are
+                                      CUDA GPUs (--workers_per_gpu=N: up to N share one);
+                                      --launcher=slurm submits them through
                                       submitit (submit_sweep); --dry_run prints their command
                                       lines instead (xargs -P, ...)
   --sweep=frontier --mixer=path/to/file.py:Class   a mixer of your own on the recall frontier:
@@ -68,7 +70,7 @@ from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_d
 from experiments.presets import PRESETS, make_config
 from mixers import check_choice
 from train import (BASE_CONV, MAIN_MODELS, MAIN_STEPS, Config, _parse_value, _positive_flag,
-                   main_job, parse_arguments, run_command, runs_table)
+                   main_job, parse_arguments, resolve_device, run_command, runs_table)
 
 
 # ----------------------------------------------------------------------------------------
@@ -143,9 +145,10 @@ def markdown_table(name):
 # ----------------------------------------------------------------------------------------
 # the command line: one function per command
 
-COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers", "--launcher",
-            "--partition", "--time_min", "--gpus_per_run", "--cpus_per_run", "--parallel",
-            "--plot", "--table", "--lm", "--ar_threshold", "--hf", "--samples")
+COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers",
+            "--workers_per_gpu", "--launcher", "--partition", "--time_min", "--gpus_per_run",
+            "--cpus_per_run", "--parallel", "--plot", "--table", "--lm", "--ar_threshold", "--hf",
+            "--samples")
 SWEEP_COMMANDS = ("--sweep", "--plot", "--table")       # with these, --mixer is yours on the
                                                         # frontier (yours_sweep), not a setting
 LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int,
@@ -193,19 +196,20 @@ def submit_command(flags, rest):
 
 
 def sweep_command(flags, rest):
-    """--sweep=NAME [--scale=...] [--dry_run] [--workers=K]; --sweep=main draws
-    results/main.png too (train.py's main job trains the same two runs afresh, into
-    results/runs/main/)."""
+    """--sweep=NAME [--scale=...] [--dry_run] [--workers=K [--workers_per_gpu=N]];
+    --sweep=main draws results/main.png too (train.py's main job trains the same two runs
+    afresh, into results/runs/main/)."""
     name, scale = flags["--sweep"], flags.get("--scale", "cpu")
-    workers = _positive_flag(flags, "workers", 1)
+    workers = dict(workers=_positive_flag(flags, "workers", 1),
+                   workers_per_gpu=_positive_flag(flags, "workers_per_gpu", 1))
     if "--mixer" in flags:                       # yours on the frontier: only its runs train
         records = run_sweep(YOURS, yours_sweep(flags["--mixer"]), scale, make_config,
-                            dry_run="--dry_run" in flags, workers=workers)
+                            dry_run="--dry_run" in flags, **workers)
         if records:
             print(yours_table(flags["--mixer"]))
         return
     records = run_sweep(name, sweep_of(name), scale, make_config, dry_run="--dry_run" in flags,
-                        workers=workers)
+                        **workers)
     if records:
         print(CELL_SWEEPS[name][0](name) if name in CELL_SWEEPS else
               runs_table(records, model_order(name, SWEEPS[name])))
@@ -232,12 +236,14 @@ def bench_command(flags, rest):
 
 
 def hf_command(flags, rest):
-    """--hf=NAME_OR_PATH [--samples=COUNT]: appendix G on a Hugging Face causal LM."""
+    """--hf=NAME_OR_PATH [--samples=COUNT]: appendix G on a Hugging Face causal LM, on the
+    device "auto" finds (resolve_device: a GPU where there is one)."""
     if rest:
         raise ValueError(f"{rest[0]!r} is not allowed with --hf: it runs appendix G "
                          "on a pretrained model (--samples=COUNT sets its size)")
     samples = _positive_flag(flags, "samples", 1000)
-    rows = appendix_g(*hf_causal_lm(flags["--hf"]), num_samples=samples)
+    device = resolve_device("auto")
+    rows = appendix_g(*hf_causal_lm(flags["--hf"], device), num_samples=samples, device=device)
     name = "".join(char if char.isalnum() or char in "-." else "_" for char in flags["--hf"])
     Path("results").mkdir(exist_ok=True)
     Path(f"results/appendix_g-{name}.json").write_text(strict_json(rows))
@@ -296,6 +302,9 @@ def check_flags(flags, rest):
     if ("--sweep" in flags or "--plot" in flags or "--table" in flags) and rest:
         raise ValueError(f"{rest[0]!r} is not allowed with --sweep, --plot or --table: a "
                          "sweep's settings are its grid (SWEEPS in its experiment's file)")
+    if "--workers_per_gpu" in flags and "--workers" not in flags:
+        raise ValueError("--workers_per_gpu is not allowed without --workers: it says how "
+                         "many of a sweep's workers may share a GPU")
     if "--sweep" not in flags and ("--launcher" in flags or "--workers" in flags):
         raise ValueError("--launcher and --workers are not allowed without --sweep: they "
                          "say where a sweep's runs run")

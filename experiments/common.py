@@ -70,13 +70,14 @@ def model_order(name, sweep):
     return order
 
 
-def run_sweep(name, sweep, scale, make_config, dry_run=False, resume=True, workers=1):
+def run_sweep(name, sweep, scale, make_config, dry_run=False, resume=True, workers=1,
+              workers_per_gpu=1):
     """Run every run of sweep `name` (its grids by scale: `sweep`) at `scale` that has no
     finished record yet (a killed sweep resumes where it stopped, each unfinished run from its
     checkpoint; resume=False trains the finished runs again too), each run's Config from
     `make_config` (presets.make_config: the lab's presets), with a bar over runs: in this
-    process, or in `workers` processes at once (run_in_processes); with dry_run, print one
-    command line per run instead."""
+    process, or in `workers` processes at once, `workers_per_gpu` at most on one GPU
+    (run_in_processes); with dry_run, print one command line per run instead."""
     runs = sweep_runs(name, sweep, scale)
     if dry_run:
         for _, overrides in runs:                  # the command line of each run
@@ -95,7 +96,7 @@ def run_sweep(name, sweep, scale, make_config, dry_run=False, resume=True, worke
     if workers > 1:
         todo = [(label, o) for label, o in runs if identity(make_config(**o)) not in finished()]
         run_in_processes([o for _, o in todo], make_config, workers, f"{name} ({scale})",
-                         len(runs))
+                         len(runs), workers_per_gpu)
         done = finished()
         return [done[identity(make_config(**o))] for _, o in runs]
     records = []
@@ -113,10 +114,38 @@ class SweepFailed(RuntimeError):
     """Runs of run_in_processes failed; their logs say why."""
 
 
-def run_in_processes(runs, make_config, workers, desc, total=None):
+def worker_gpus(workers, workers_per_gpu=1):
+    """The CUDA_VISIBLE_DEVICES of each of `workers` worker slots, or None without a CUDA GPU
+    (the workers' environment unchanged; an Apple GPU is one device that every worker
+    shares). Slot i gets the GPUs this process sees in turn (torch.cuda.device_count of
+    them: the first entries of a CUDA_VISIBLE_DEVICES the user set, as CUDA ignores the
+    entries from an invalid one on: CUDA Programming Guide, "CUDA Environment Variables"),
+    so that each worker has a GPU of its own. More workers than GPUs, `workers_per_gpu` on
+    each at most, only where asked: processes on one GPU each hold a CUDA context and a copy
+    of the data there and take turns on it (without NVIDIA's MPS server the GPU time-slices
+    between processes: docs.nvidia.com/deploy/mps), which pays only where one run leaves
+    the GPU idle between its small kernels."""
+    count = torch.cuda.device_count()
+    if count == 0:
+        return None
+    if workers > workers_per_gpu * count:
+        raise ValueError(f"--workers={workers} is not allowed with {count} GPU"
+                         f"{'s' if count > 1 else ''} and --workers_per_gpu={workers_per_gpu}: "
+                         f"each worker takes a GPU of its own; give --workers <= "
+                         f"{workers_per_gpu * count}, or --workers_per_gpu="
+                         f"{math.ceil(workers / count)} to share them")
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = ([d.strip() for d in listed.split(",")][:count] if listed is not None
+               else [str(i) for i in range(count)])
+    return [visible[slot % count] for slot in range(workers)]
+
+
+def run_in_processes(runs, make_config, workers, desc, total=None, workers_per_gpu=1):
     """Run `runs` (Config overrides, made Configs by `make_config` to name their logs) as
     `python -m experiments --key=value ...` processes (from this repository), `workers` at a
-    time, each with an equal share of this process's threads (OMP_NUM_THREADS); the
+    time, each with an equal share of this process's threads (OMP_NUM_THREADS) and, where
+    there are CUDA GPUs, its worker slot's GPU as its only one (worker_gpus; a run takes a
+    free slot, so no two running runs share a GPU unless `workers_per_gpu` lets them); the
     bar counts finished runs out of `total` (the whole sweep). A run's output goes to a .log
     beside its record, kept only if it fails. SIGINT (Ctrl-C) or SIGTERM to this process is
     passed on as SIGINT to every running run, which checkpoints and stops (train); no run
@@ -124,6 +153,7 @@ def run_in_processes(runs, make_config, workers, desc, total=None):
     stopped by a SIGINT of its own stops the sweep alike. A run that fails is named with
     its log, the others go on, and SweepFailed is raised at the end."""
     total = total or len(runs)
+    gpus = worker_gpus(workers, workers_per_gpu)
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // workers)),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     pending, running, failed, asked = list(runs), {}, [], []
@@ -139,20 +169,23 @@ def run_in_processes(runs, make_config, workers, desc, total=None):
         while running or (pending and not asked):
             while pending and not asked and len(running) < workers:
                 overrides = pending.pop(0)
+                slot = min(set(range(workers)) - {s for _, s in running.values()})
                 log = record_path(make_config(**overrides)).with_suffix(".log")
                 log.parent.mkdir(parents=True, exist_ok=True)
                 args = [f"--{k}={v}" for k, v in overrides.items()]
                 with log.open("w") as out:
-                    running[subprocess.Popen([sys.executable, *ONE_RUN, *args], stdout=out,
-                                             stderr=subprocess.STDOUT, env=env,
-                                             start_new_session=True)] = log
+                    proc = subprocess.Popen(
+                        [sys.executable, *ONE_RUN, *args], stdout=out, stderr=subprocess.STDOUT,
+                        env=env if gpus is None else {**env, "CUDA_VISIBLE_DEVICES": gpus[slot]},
+                        start_new_session=True)
+                running[proc] = log, slot
             time.sleep(0.1)
             for _ in range(forwarded, len(asked)):     # each signal passed on once: the
                 for proc in running:                   # second stops the runs at once
                     proc.send_signal(signal.SIGINT)
             forwarded = len(asked)
             for proc in [p for p in running if p.poll() is not None]:
-                log = running.pop(proc)
+                log, _ = running.pop(proc)
                 bar.update(proc.returncode != 130)    # a stopped run is not done
                 if proc.returncode in (0, 130):   # done, or stopped as asked: no failure
                     log.unlink()

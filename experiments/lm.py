@@ -40,7 +40,7 @@ from mixers import check_positive
 from mqar import (ar_gap_share, ar_hits, bigram_counts, check_int, sample_distinct,
                   scaled_threshold, sliced_perplexity)
 from train import (BASE_CONV, LanguageModel, finished_record, markdown, pyplot, record_path,
-                   save_figure, train, wrapped)
+                   resolve_device, save_figure, train, wrapped)
 
 
 # ----------------------------------------------------------------------------------------
@@ -199,28 +199,32 @@ APPENDIX_G_PAIRS_OURS = (2, 4, 8, 16, 32)        # P for the LMs of --lm (4P <= 
 
 @torch.no_grad()
 def token_nll(model, inputs, labels, batch_size=None):
-    """Per-token negative log-likelihood (natural log) of `labels`, (B, T) float64 numpy."""
+    """Per-token negative log-likelihood (natural log) of `labels`, (B, T) float64 numpy,
+    computed on the model's device (each batch moved there)."""
     batch_size = batch_size or max(1, 2 ** 14 // inputs.shape[1])
+    device = next(model.parameters()).device
     model.eval()
     out = []
     for i in range(0, len(inputs), batch_size):
-        logits = model.logits(model(inputs[i:i + batch_size]))               # (b, T, c)
-        out.append(F.cross_entropy(logits.transpose(1, 2), labels[i:i + batch_size],
-                                   reduction="none").double())
+        x, y = (t[i:i + batch_size].to(device) for t in (inputs, labels))
+        logits = model.logits(model(x))                                      # (b, T, c)
+        out.append(F.cross_entropy(logits.transpose(1, 2), y, reduction="none"))
     model.train()
-    return torch.cat(out).cpu().numpy()
+    return torch.cat(out).cpu().double().numpy()        # float64 on the CPU: mps has none
 
 
 def trained_model(config):
     """The model of `config`, trained (train) unless its record and weights exist and the
-    record says it finished, then loaded: a killed experiment resumes at the model it was
+    record says it finished, then loaded onto its run's device (resolve_device of
+    config.device), where it is evaluated: a killed experiment resumes at the model it was
     training. Returns (model, record)."""
     path, record = record_path(config), finished_record(config)
     if record is None or not path.with_suffix(".pt").exists():
         record = train(config, lm_data(config))
+    device = resolve_device(config.device)
     with torch.random.fork_rng(devices=[]):
-        model = LanguageModel(config)
-    model.load_state_dict(torch.load(path.with_suffix(".pt"), map_location="cpu"))
+        model = LanguageModel(config).to(device)
+    model.load_state_dict(torch.load(path.with_suffix(".pt"), map_location=device))
     return model, record
 
 
@@ -312,7 +316,8 @@ def run_lm_experiment(overrides=None, threshold=None, g_samples=1000):
                                  for cut in thresholds],
             appendix_g=appendix_g(lambda ids: model.logits(model(ids)),
                                   torch.arange(2, len(vocabulary)), 2, pairs, g_samples,
-                                  any_run.seq_len, batch_size=50)))
+                                  any_run.seq_len, batch_size=50,
+                                  device=next(model.parameters()).device)))
     shares = ar_shares(nll, hits[threshold])
     for row in rows:
         row["ar_share"] = shares[row["label"], row["seed"]]
@@ -525,16 +530,17 @@ def bigram_recall_sequences(token_ids, num_examples, num_pairs, filler_id, seq_l
 
 @torch.no_grad()
 def appendix_g(logits_fn, token_ids, filler_id, num_pairs=APPENDIX_G_PAIRS, num_samples=1000,
-               seq_len=1024, batch_size=8, seed=0):
-    """Appendix G for any causal LM given as logits_fn(ids (B, N)) -> logits (B, N, V): for
-    each P, perplexity on the AR tokens (the value after a key's second occurrence) and on
-    the filler tokens of bigram_recall_sequences(token_ids, num_samples, P, filler_id,
-    seq_len), token t predicted from the tokens before it. Returns one row per P."""
+               seq_len=1024, batch_size=8, seed=0, device="cpu"):
+    """Appendix G for any causal LM given as logits_fn(ids (B, N)) -> logits (B, N, V), its
+    model on `device`: for each P, perplexity on the AR tokens (the value after a key's
+    second occurrence) and on the filler tokens of bigram_recall_sequences(token_ids,
+    num_samples, P, filler_id, seq_len), moved to `device`, token t predicted from the
+    tokens before it. Returns one row per P."""
     check_positive("batch_size", batch_size)
     rows = []
     for P in tqdm(num_pairs, desc="appendix G", unit="P"):
-        inputs, ar_mask, filler_mask = bigram_recall_sequences(token_ids, num_samples, P,
-                                                               filler_id, seq_len, seed)
+        inputs, ar_mask, filler_mask = (t.to(device) for t in bigram_recall_sequences(
+            token_ids, num_samples, P, filler_id, seq_len, seed))
         nll = {"ar": [], "filler": []}
         for i in range(0, num_samples, batch_size):
             x = inputs[i:i + batch_size]
@@ -542,22 +548,24 @@ def appendix_g(logits_fn, token_ids, filler_id, num_pairs=APPENDIX_G_PAIRS, num_
             loss = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
             nll["ar"].append(loss[ar_mask[i:i + batch_size, 1:]])
             nll["filler"].append(loss[filler_mask[i:i + batch_size, 1:]])
-        ppl = {k: math.exp(torch.cat(v).double().mean().item()) for k, v in nll.items()}
+        ppl = {k: math.exp(torch.cat(v).cpu().double().mean().item())    # mps has no float64
+               for k, v in nll.items()}
         rows.append(dict(num_pairs=P, ppl_ar=ppl["ar"], ppl_filler=ppl["filler"],
                          ar_tokens=sum(len(v) for v in nll["ar"])))
     return rows
 
 
-def hf_causal_lm(name_or_path):
-    """A Hugging Face causal LM from a local folder or a hub name, as (logits_fn, token ids,
-    filler id): the token ids are the vocabulary minus the special tokens the config names,
-    the filler the smallest of them. Needs the optional package transformers."""
+def hf_causal_lm(name_or_path, device="cpu"):
+    """A Hugging Face causal LM from a local folder or a hub name, on `device`, as
+    (logits_fn, token ids, filler id): the token ids are the vocabulary minus the special
+    tokens the config names, the filler the smallest of them. Needs the optional package
+    transformers."""
     try:
         from transformers import AutoModelForCausalLM
     except ImportError:
         raise ValueError(f"--hf needs the optional package {TRANSFORMERS.split('=')[0]}: pip "
                          f"install {TRANSFORMERS} (the version the tests ran with)") from None
-    model = AutoModelForCausalLM.from_pretrained(name_or_path).eval()
+    model = AutoModelForCausalLM.from_pretrained(name_or_path).to(device).eval()
     config = model.config
     special = {getattr(config, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     special = {i for s in special for i in (s if isinstance(s, list) else [s]) if i is not None}

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import mixers
 import mqar
@@ -644,6 +645,91 @@ def test_workers_name_a_failed_run_and_finish_the_others(tmp_path, monkeypatch):
         common.run_in_processes(runs, presets.make_config, 2, "test")
     [log] = tmp_path.glob("*.log")
     assert "-s1-" in log.name and "ran" in log.read_text()
+
+
+class FakeWorker:
+    """subprocess.Popen for run_in_processes: a run that lasts 3 polls of its loop for seed 0
+    and 1 poll for any other; it notes in `started` its CUDA_VISIBLE_DEVICES (None: unset),
+    the GPUs of the workers still running when it starts, and its whole environment."""
+    started, running = [], []
+
+    def __init__(self, args, env, **kwargs):
+        self.gpu, self.returncode = env.get("CUDA_VISIBLE_DEVICES"), None
+        self.polls = 3 if "--seed=0" in args else 1
+        self.started.append((self.gpu, [w.gpu for w in self.running], env))
+        self.running.append(self)
+
+    def poll(self):
+        self.polls -= 1
+        if self.polls == 0:
+            self.running.remove(self)
+            self.returncode = 0
+        return self.returncode
+
+
+def workers_started(tmp_path, monkeypatch, gpus, workers, **kwargs):
+    """(CUDA_VISIBLE_DEVICES, the running workers' GPUs, environment) of each worker that
+    run_in_processes starts for 5 runs (seeds 0-4) on `workers` workers, with `gpus` CUDA
+    GPUs visible (torch.cuda monkeypatched)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(subprocess, "Popen", FakeWorker)
+    monkeypatch.setattr(FakeWorker, "started", [])
+    monkeypatch.setattr(FakeWorker, "running", [])
+    runs = [dict(seed=s, out_dir=str(tmp_path), progress=False) for s in range(5)]
+    common.run_in_processes(runs, presets.make_config, workers, "test", **kwargs)
+    assert not FakeWorker.running and not list(tmp_path.glob("*.log"))
+    return FakeWorker.started
+
+
+def test_workers_each_take_a_gpu_of_their_own_and_more_workers_than_gpus_are_asked_for(
+        tmp_path, monkeypatch, capsys):
+    """Two workers on two GPUs: each run gets the GPU of the worker slot it takes
+    (CUDA_VISIBLE_DEVICES), so no two running runs share one; seed 0 outlasts seeds 1-3,
+    which take the second GPU in turn (a round-robin over runs would put seed 2 beside seed
+    0). A CUDA_VISIBLE_DEVICES the user set names the GPUs. A third worker on two GPUs is
+    refused, from the command line too, unless --workers_per_gpu allows two per GPU."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    started = workers_started(tmp_path, monkeypatch, 2, 2)
+    assert [(gpu, beside) for gpu, beside, _ in started] == [
+        ("0", []), ("1", ["0"]), ("1", ["0"]), ("1", ["0"]), ("0", [])]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,3")
+    assert [gpu for gpu, _, _ in workers_started(tmp_path, monkeypatch, 2, 2)] == [
+        "5", "3", "3", "3", "5"]
+    with pytest.raises(ValueError, match=r"--workers=3 is not allowed with 2 GPUs and "
+                                         r"--workers_per_gpu=1: .*--workers_per_gpu=2"):
+        workers_started(tmp_path, monkeypatch, 2, 3)
+    assert FakeWorker.started == []
+    shared = workers_started(tmp_path, monkeypatch, 2, 3, workers_per_gpu=2)
+    assert [gpu for gpu, _, _ in shared[:3]] == ["5", "3", "5"]
+    assert all([*beside, gpu].count(gpu) <= 2 for gpu, beside, _ in shared)
+    asked = []
+    monkeypatch.setattr(cli, "run_sweep", lambda *a, **kw: asked.append(kw) or [])
+    assert cli.main(["--sweep=main", "--workers=3", "--workers_per_gpu=2"]) == 0
+    assert asked[0]["workers"] == 3 and asked[0]["workers_per_gpu"] == 2
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: pytest.fail("started a run"))
+    assert cli.main(["--sweep=main", "--workers=3"]) == 2
+    assert "--workers=3 is not allowed with 2 GPUs" in capsys.readouterr().err
+
+
+def test_workers_without_a_gpu_keep_the_environment_they_had(tmp_path, monkeypatch):
+    """No CUDA GPU (none, or the user's CUDA_VISIBLE_DEVICES hides them): every worker's
+    environment is this process's with its share of the threads and the lab on its path,
+    nothing else, and any number of workers runs."""
+    for hidden in (None, ""):
+        if hidden is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        started = workers_started(tmp_path, monkeypatch, 0, 3)
+        assert len(started) == 5 and all(gpu == hidden for gpu, _, _ in started)
+        for _, _, env in started:
+            assert {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "PYTHONPATH")
+                    } == {k: v for k, v in os.environ.items()
+                          if k not in ("OMP_NUM_THREADS", "PYTHONPATH")}
 
 
 def test_a_run_stopped_by_its_own_ctrl_c_stops_the_sweep_in_workers_and_in_one_process(
@@ -1838,6 +1924,83 @@ def test_hf_without_transformers_names_the_package(monkeypatch):
         lm.hf_causal_lm("any/model")
 
 
+class EvaluationStopped(Exception):
+    """Raised by EvaluationDevices where an evaluation on the meta device needs data."""
+
+
+class EvaluationDevices(TorchFunctionMode):
+    """The device types of the tensors that reach a model's embedding (its ids and table),
+    the loss (logits and labels) and the masks that select from the loss, by what they
+    reach. It stops the evaluation (EvaluationStopped) at the first such selection or move
+    to the CPU: a meta tensor holds no values to select or copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen, self.loss = {}, None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        selection = func is torch.Tensor.__getitem__ and tensors[0] is self.loss
+        what = {F.embedding: "embedding", F.cross_entropy: "loss"}.get(func,
+                                                                     selection and "mask")
+        if what:
+            self.seen.setdefault(what, set()).update(t.device.type for t in tensors)
+        if selection or func is torch.Tensor.cpu:
+            raise EvaluationStopped
+        out = func(*args, **(kwargs or {}))
+        if func is F.cross_entropy:
+            self.loss = out
+        return out
+
+
+def test_the_lm_evaluation_runs_on_the_runs_device(tmp_path, monkeypatch):
+    """The LM experiment's model loads onto its run's device (train.resolve_device of its
+    `device`; here it resolves to the meta device) and scores the held-out tokens there
+    (token_nll) and appendix G's sequences (appendix_g): every tensor that reaches the
+    embedding, the loss and the masks is on that device. The model trains on the CPU
+    first (train's own resolve_device)."""
+    corpus = _tiny_corpus(tmp_path / "corpus")
+    c = train.make_config(corpus=str(corpus), out_dir=str(tmp_path), save_model=True, **LM_TINY)
+    asked = []
+    monkeypatch.setattr(lm, "resolve_device", raising=False,
+                        value=lambda name: asked.append(name) or torch.device("meta"))
+    model, record = lm.trained_model(c)
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"meta"}
+    assert asked == ["auto"] and record["device"] == "cpu"
+    _, (x_test, y_test), _ = lm.lm_data(c)
+    with EvaluationDevices() as devices, pytest.raises(EvaluationStopped):
+        lm.token_nll(model, x_test, y_test, batch_size=3)
+    assert devices.seen == {"embedding": {"meta"}, "loss": {"meta"}}
+    with EvaluationDevices() as devices, pytest.raises(EvaluationStopped):
+        lm.appendix_g(lambda ids: model.logits(model(ids)), torch.arange(2, 128), 2, (2,),
+                      num_samples=4, seq_len=32, batch_size=2, device=torch.device("meta"))
+    assert devices.seen == {"embedding": {"meta"}, "loss": {"meta"}, "mask": {"meta"}}
+
+
+def test_appendix_g_of_a_hugging_face_model_runs_on_the_device_auto_finds(tmp_path,
+                                                                          monkeypatch):
+    """--hf=PATH: the model and appendix G's sequences are on resolve_device("auto") (a
+    GPU where there is one; here it resolves to the meta device)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=1, eos_token_id=2)).save_pretrained(tmp_path / "llama")
+    monkeypatch.chdir(tmp_path)
+    asked, devices = [], EvaluationDevices()
+    monkeypatch.setattr(cli, "resolve_device", raising=False,
+                        value=lambda name: asked.append(name) or torch.device("meta"))
+    def appendix_g(*args, **kwargs):                  # the evaluation alone, recorded
+        with devices:
+            return lm.appendix_g(*args, **kwargs)
+    monkeypatch.setattr(cli, "appendix_g", appendix_g)
+    with pytest.raises(EvaluationStopped):
+        cli.main([f"--hf={tmp_path / 'llama'}", "--samples=4"])
+    assert devices.seen == {"embedding": {"meta"}, "loss": {"meta"}, "mask": {"meta"}}
+    assert asked == ["auto"]
+
+
 # ----------------------------------------------------------------------------------------
 # experiments/bench.py: the benchmarks
 
@@ -1895,6 +2058,8 @@ def test_the_benchmarks_are_the_labs(monkeypatch):
     (["--sweep=main", "--launcher=slurm", "--parallel=-1"], "--parallel=-1 is not allowed"),
     (["--sweep=main", "--dry_run", "--workers=2"], "--workers is not allowed with --dry_run"),
     (["--workers=2"], "--launcher and --workers are not allowed without --sweep"),
+    (["--sweep=main", "--workers_per_gpu=2"], "--workers_per_gpu is not allowed without --workers"),
+    (["--sweep=main", "--workers=2", "--workers_per_gpu=0"], "--workers_per_gpu=0 is not allowed"),
     (["--sweep=main", "--workers=0"], "--workers=0 is not allowed"),
     (["--hf=gpt2", "--samples=0"], "--samples=0 is not allowed"),
     (["--lm", "--samples=-3"], "--samples=-3 is not allowed"),
@@ -1919,6 +2084,36 @@ def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
     """Exit status 2 and the message, before anything trains."""
     monkeypatch.setattr(cli, "run_lm_experiment", lambda *a: pytest.fail("started training"))
     assert cli.main(args) == 2 and message in capsys.readouterr().err
+
+
+# a hook on the import system that prints PYTORCH_ENABLE_MPS_FALLBACK as it is when torch
+# is imported (torch reads it then, once: aten/src/ATen/mps/MPSFallback.mm registers the
+# fallback as its library loads), then the lab's entry that follows it
+TORCH_IMPORT_PROBE = """import os, runpy, sys
+class Probe:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            print("at torch's import:", os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK"),
+                  file=sys.stderr)
+sys.meta_path.insert(0, Probe())
+"""
+
+
+@pytest.mark.parametrize("entry,user,seen", [
+    ("runpy.run_module('experiments', run_name='__main__', alter_sys=True)", None, "1"),
+    ("import experiments.common", None, "1"), ("import experiments.cli", "0", "0")])
+def test_the_lab_turns_the_mps_fallback_on_before_torch_is_imported(entry, user, seen):
+    """python -m experiments --help (run as -m runs it) and an import of a lab module (as a
+    Slurm job imports experiments.common) import torch with PYTORCH_ENABLE_MPS_FALLBACK=1,
+    so that on an Apple GPU an op mps lacks runs on the CPU; a value the user set stays."""
+    env = {k: v for k, v in LAB_ENV.items() if k != "PYTORCH_ENABLE_MPS_FALLBACK"}
+    if user is not None:
+        env["PYTORCH_ENABLE_MPS_FALLBACK"] = user
+    out = subprocess.run([sys.executable, "-c", TORCH_IMPORT_PROBE + entry, "--help"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"at torch's import: {seen}\n" in out.stderr, out.stderr[-2000:]
 
 
 COMMAND_FUNCTIONS = ("table_command", "plot_command", "submit_command", "sweep_command",
