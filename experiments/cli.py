@@ -46,6 +46,12 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
   --bench [--key=value ...]           training-step time vs logits at every position
   --bench=mixers [--threads=COUNT]    every mixer's fast form vs its reference (one thread)
   --bench=mqar                        the MQAR generator vs the official one-example loop
+  --gpu_check [--out=DIR]             the GPU check: every mixer trained in float32 and under
+                                      --amp, the mixer contract on the GPU, the main job, the
+                                      benchmarks, then fig2_plotted_grid's BaseConv runs while
+                                      time is left; 8 minutes at most on a CUDA GPU, a tiny
+                                      setting on the CPU (experiments/gpu_check.py); its report
+                                      in DIR (default results/runs/gpu_check)
   (no arguments)                      train.py's main job
 """
 import dataclasses
@@ -64,6 +70,7 @@ from experiments.figures import curves_figure
 from experiments.figure6 import fig6_table, plot_fig6
 from experiments.frontier import (YOURS, frontier_table, plot_frontier, plot_yours, yours_sweep,
                                   yours_table)
+from experiments.gpu_check import gpu_check
 from experiments.hybrids import hybrids_table, plot_hybrids
 from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_data, lm_outputs,
                             lm_tables, plot_appendix_g, run_lm_experiment)
@@ -148,7 +155,7 @@ def markdown_table(name):
 COMMANDS = ("--bench", "--seeds", "--sweep", "--scale", "--dry_run", "--workers",
             "--workers_per_gpu", "--launcher", "--partition", "--time_min", "--gpus_per_run",
             "--cpus_per_run", "--parallel", "--plot", "--table", "--lm", "--ar_threshold", "--hf",
-            "--samples")
+            "--samples", "--gpu_check", "--out")
 SWEEP_COMMANDS = ("--sweep", "--plot", "--table")       # with these, --mixer is yours on the
                                                         # frontier (yours_sweep), not a setting
 LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int,
@@ -287,8 +294,25 @@ def lm_command(flags, rest):
     print("wrote " + ", ".join(map(str, lm_outputs(out_dir))))
 
 
+def gpu_check_command(flags, rest):
+    """--gpu_check [--out=DIR]: the GPU check (experiments/gpu_check.py), its report in DIR
+    (results/runs/gpu_check by default, a folder git ignores); exit status 1 if a row
+    failed."""
+    check_choice("--gpu_check", flags["--gpu_check"], ("",))
+    rows = gpu_check(flags.get("--out", "results/runs/gpu_check"))
+    return 1 if any(row["result"] == "FAIL" for row in rows) else 0
+
+
 def check_flags(flags, rest):
     """Refuse the command-line flags that would do nothing with the others given."""
+    if "--gpu_check" in flags:
+        other = [f for f in flags if f not in ("--gpu_check", "--out")] + rest
+        if other:
+            raise ValueError(f"{other[0]} is not allowed with --gpu_check: the check runs its "
+                             "own settings (experiments/gpu_check.py), --out=DIR its one option")
+    elif "--out" in flags:
+        raise ValueError("--out is not allowed without --gpu_check: it is the folder of the "
+                         "GPU check's report (a run's folder is --out_dir)")
     if "--mixer" in flags:
         name = next(flags[f] for f in SWEEP_COMMANDS if f in flags)
         if name != "frontier":
@@ -329,6 +353,8 @@ def check_flags(flags, rest):
 
 def command(flags, rest):
     """The function that runs what the command line asks for (the first that applies)."""
+    if "--gpu_check" in flags:
+        return gpu_check_command
     if "--table" in flags:
         return table_command
     if "--plot" in flags:
@@ -367,8 +393,9 @@ def one_run_command(flags, rest):
 def main(argv):
     """The command line: the main job (no arguments), one run (--key=value ...),
     --seeds=COUNT runs, --sweep=NAME [--scale=cpu|paper] [--dry_run], --plot=NAME,
-    --table=NAME, --lm, --hf=NAME, --bench; each a function above. Returns the exit
-    status: 2 for a bad argument, 1 for a failed run of a sweep, 130 for Ctrl-C."""
+    --table=NAME, --lm, --hf=NAME, --bench, --gpu_check; each a function above. Returns the
+    exit status: 2 for a bad argument, 1 for a failed run of a sweep or a failed row of the
+    GPU check, 130 for Ctrl-C."""
     if "-h" in argv or "--help" in argv:
         print(__doc__)
         for f in dataclasses.fields(Config):

@@ -34,8 +34,8 @@ import mixers
 import mqar
 import test_all
 import train
-from experiments import (bench, cli, common, figure2, figure6, figures, frontier, lm, official,
-                         presets)
+from experiments import (bench, cli, common, figure2, figure6, figures, frontier, gpu_check, lm,
+                         official, presets)
 from mqar import multiquery_ar
 from test_all import (F64, GLA_SOURCE, REPO, assert_the_copy_runs_as_the_module, case_ids,
                       make_mixer, model_steps, perturb_, readme_section, small_config, small_model)
@@ -2026,6 +2026,100 @@ def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
             fast, ref = (impls[form](*args, **kwargs) for form in ("fast", "reference"))
         first = lambda y: y[0] if isinstance(y, tuple) else y
         assert torch.allclose(first(fast), first(ref), atol=1e-4), name
+
+
+# ----------------------------------------------------------------------------------------
+# experiments/gpu_check.py: the GPU check, on the CPU at its tiny setting
+
+def test_gpu_check_on_the_cpu_reports_every_part_passed_and_writes_its_files(tmp_path, capsys):
+    """python -m experiments --gpu_check --out=DIR without a GPU: CPU_SETTING's layers
+    trained in float32 and under amp and checked against the contract, the main job, the two
+    benchmarks and one run of fig2_plotted_grid, every row "pass" with its measurements; the
+    report printed is DIR/report.md, and the log, the records and the JSON are written."""
+    out, s = tmp_path / "check", gpu_check.CPU_SETTING
+    assert cli.main(["--gpu_check", f"--out={out}"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (out / "report.md").read_text()
+    report = json.loads((out / "report.json").read_text())
+    rows = report["rows"]
+    assert [r["result"] for r in rows] == ["pass"] * len(rows), rows
+    assert [r["part"] for r in rows] == (["train"] * 2 * len(s.layers) + ["contract"] * len(
+        s.layers) + ["main job"] + ["bench"] * len(s.bench_runs) + ["mixers", "fig2"])
+    assert report["seconds"] < s.total
+    for r in rows[:2 * len(s.layers)]:
+        assert math.isfinite(r["numbers"]["loss"]) and r["numbers"]["seconds_per_step"] > 0
+    assert all(r["numbers"] == dict.fromkeys(gpu_check.DEVICE_CHECKS, "pass")
+               for r in rows if r["part"] == "contract")
+    assert rows[-3]["numbers"]["tokens_per_s"] > 0 and len(rows[-2]["numbers"]["rows"]) == len(
+        mixers.MIXERS) + len(bench.BENCH_VARIANTS)
+    table = [line.split(" | ") for line in printed.splitlines() if line.startswith("| ")]
+    layers = [gpu_check.layer_label(*layer) for layer in s.layers]
+    assert [t[0][2:] for t in table[2:2 + len(layers)]] == layers
+    assert all(cell.startswith("pass") for t in table[2:2 + len(layers)] for cell in t[1:])
+    assert [t[0][2:] for t in table if t[0][2:] in ("main job", "mixers_bench")] == [
+        "main job", "mixers_bench"] and table[-1][0].startswith("| fig2: base_conv d=16")
+    assert len(list((out / "main").glob("*.json"))) == 2
+    assert len(list((out / gpu_check.GRID).glob("*.json"))) == 1
+    assert (out / "log.txt").read_text().count("\n=== ") == len(rows) - 1
+
+
+def test_gpu_check_reports_a_failing_item_in_its_row_and_goes_on(tmp_path):
+    """An item that raises, or runs past its time, is a FAIL row with the error's first line
+    (its traceback in DIR/log.txt); the items after it run."""
+    setting = dataclasses.replace(gpu_check.CPU_SETTING, layers=(
+        ("no_such_mixer", "paper"), ("attention", "paper")), budgets=(("train", 60, 30),),
+        grid_runs=0)
+    rows = gpu_check.gpu_check(tmp_path, setting)
+    assert [(r["item"], r["result"]) for r in rows] == [
+        ("no_such_mixer: float32", "FAIL"), ("no_such_mixer: amp", "FAIL"),
+        ("attention: float32", "pass"), ("attention: amp", "pass")]
+    assert rows[0]["measured"].startswith("ValueError: mixer='no_such_mixer' is not allowed")
+    assert (tmp_path / "log.txt").read_text().count("Traceback (most recent call last)") == 2
+    check = gpu_check.Check(tmp_path, setting, torch.device("cpu"))
+    t0 = time.perf_counter()
+    row = check.item("bench", "slow", lambda: time.sleep(30), until=60, cap=1)
+    assert (row["result"], row["measured"]) == ("FAIL", "out of time (1 s)")
+    assert time.perf_counter() - t0 < 5 and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_gpu_check_stops_a_run_of_fig2_at_its_time_and_the_next_call_continues_it(tmp_path):
+    """A run of part 5 still training at the end of its time stops as Ctrl-C stops a run (its
+    checkpoint and an "interrupted" record written): its row says where; the next call
+    resumes it from there."""
+    setting = dataclasses.replace(gpu_check.CPU_SETTING, grid_overrides=tuple(
+        (k, v) for k, v in gpu_check.CPU_SETTING.grid_overrides if k != "budget_steps"))
+    overrides = gpu_check.grid_runs(setting, tmp_path)[0]
+    config = presets.make_config(**overrides)
+    path = train.record_path(config)
+    steps = []
+    for seconds in (6, 3):
+        check = gpu_check.Check(tmp_path, setting, torch.device("cpu"))
+        row = check.item("fig2", "run", functools.partial(gpu_check.grid_item, overrides), 60,
+                         seconds, stop_train=True,
+                         stopped=functools.partial(gpu_check.grid_stopped, overrides))
+        record = json.loads(path.read_text())
+        steps.append(record["steps"])
+        assert row["result"] == "stopped" and record["ended"] == "interrupted"
+        assert row["measured"] == (f"stopped at step {steps[-1]:,} of {config.max_steps:,}, "
+                                   "checkpointed: the same command continues")
+        assert path.with_suffix(".ckpt").exists()
+    assert 0 < steps[0] < steps[1] and record["resumed"][0]["step"] == steps[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu_check", "--sweep=main"], "--sweep is not allowed with --gpu_check"),
+    (["--gpu_check", "--lr=1e-3"], "--lr=1e-3 is not allowed with --gpu_check"),
+    (["--gpu_check=yes"], "--gpu_check='yes' is not allowed"),
+    (["--out=check"], "--out is not allowed without --gpu_check"),
+    (["--gpu_check", "--out="], "--out='' is not allowed"),
+    (["--gpu_check", "--out=README.md"], "--out='README.md' is not allowed: it is a file")])
+def test_gpu_check_refuses_other_commands_and_a_bad_out(args, message, capsys, monkeypatch):
+    """One line on stderr, exit status 2, before anything runs (no log is opened)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(gpu_check, "Check", lambda *a: pytest.fail("the check started"))
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
 
 
 # ----------------------------------------------------------------------------------------
