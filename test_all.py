@@ -2441,20 +2441,40 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
     """Mean over labelled positions of logsumexp(scores) - the label's score, scores = the
     hidden state times the tied embedding (projecting only the labelled rows);
     `correct` counts argmax hits (half the labels are set to the argmax here, so the count
-    is not trivially 0)."""
+    is not trivially 0); the same to the bit as the rows a boolean mask picks; and with rows
+    of fewer labels than others (some removed), padded with unlabelled positions."""
     c, model, x, y = small_model(4, data_seed=3, double=True)
     with torch.no_grad():
         hidden = model(x)
-        terms, hits = [], 0
         for b, t in (y != IGNORE).nonzero().tolist():
-            scores = hidden[b, t] @ model.embed.weight.T                       # (c,)
             if (b + t) % 2:
-                y[b, t] = scores.argmax()
-            terms.append(torch.logsumexp(scores, 0) - scores[y[b, t]])
-            hits += int(scores.argmax() == y[b, t])
-        loss, correct, n = train.labelled_loss(model, x, y)
-    assert n == len(terms) == 4 * c.num_kv_pairs and int(correct) == hits > 0
-    assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
+                y[b, t] = (hidden[b, t] @ model.embed.weight.T).argmax()
+        ragged = y.clone()
+        ragged[0, ragged[0] != IGNORE] = IGNORE                           # row 0: no label
+        ragged[1, (ragged[1] != IGNORE).nonzero()[0]] = IGNORE            # row 1: one fewer
+        for labels, n_labels in ((y, 4 * c.num_kv_pairs), (ragged, 3 * c.num_kv_pairs - 1)):
+            terms, hits = [], 0
+            for b, t in (labels != IGNORE).nonzero().tolist():
+                scores = hidden[b, t] @ model.embed.weight.T                   # (c,)
+                terms.append(torch.logsumexp(scores, 0) - scores[labels[b, t]])
+                hits += int(scores.argmax() == labels[b, t])
+            loss, correct, n = train.labelled_loss(model, x, labels)
+            assert n == len(terms) == n_labels and int(correct) == hits > 0
+            assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
+        # the rows a boolean mask picks, in its order: the same loss to the bit
+        mask = y != IGNORE
+        assert torch.equal(train.labelled_loss(model, x, y)[0],
+                           F.cross_entropy(model.logits(hidden[mask]), y[mask]))
+
+
+def test_labelled_positions_lists_each_rows_labels_in_order_then_unlabelled_ones():
+    labels = torch.tensor([[IGNORE, 5, IGNORE, 7, IGNORE],
+                           [3, IGNORE, IGNORE, IGNORE, IGNORE],
+                           [1, 2, IGNORE, IGNORE, IGNORE]])
+    positions = train.labelled_positions(labels)
+    assert positions.shape == (3, 2) and positions[0].tolist() == [1, 3]
+    assert positions[1, 0] == 0 and labels[1, positions[1, 1]] == IGNORE
+    assert positions[2].tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("mixer", ["attention", "base_conv:kernel_size=3,base_conv",
@@ -2755,8 +2775,8 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     """shuffle=False (the official DataLoader): batches in order, a partial last batch,
     the same order every epoch; budget_steps stops mid-schedule."""
     seen, loss = [], train.labelled_loss
-    monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
-        seen.append(x.clone()) if m.training else None) or loss(m, x, y))
+    monkeypatch.setattr(train, "labelled_loss", lambda m, x, *rest: (
+        seen.append(x.clone()) if m.training else None) or loss(m, x, *rest))
     c = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
                      budget_steps=5, eval_every=50, out_dir=str(tmp_path))
     r = train.train(c)
@@ -2844,8 +2864,8 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
     validation split is apart from the test set."""
     trained, scored = [], []
     loss, evaluate = train.labelled_loss, train.evaluate
-    monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
-        trained.append(x) if m.training else None) or loss(m, x, y))
+    monkeypatch.setattr(train, "labelled_loss", lambda m, x, *rest: (
+        trained.append(x) if m.training else None) or loss(m, x, *rest))
     monkeypatch.setattr(train, "evaluate",
                         lambda m, x, y, **kw: scored.append(x) or evaluate(m, x, y, **kw))
     c = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,

@@ -501,20 +501,37 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
 # ----------------------------------------------------------------------------------------
 # the loss and the metrics: labelled positions only; a split's accuracy in eval mode
 
-def labelled_loss(model, inputs, labels):
+def labelled_positions(labels):
+    """Where each row of `labels` (B, T) is labelled: (B, K) positions, K the most labels a
+    row has (D for MQAR, T for text); a row's labelled positions in order, then, in a row
+    with fewer than K, some of its unlabelled ones, whose label IGNORE keeps them out of the
+    loss. K is read back from the device (a host sync)."""
+    labelled = (labels != IGNORE).int()
+    K = int(labelled.sum(dim=1).max())
+    # a stable sort puts each row's labelled positions first, in order
+    return labelled.argsort(dim=1, descending=True, stable=True)[:, :K]
+
+
+def labelled_loss(model, inputs, labels, positions=None):
     """Cross-entropy and accuracy at the labelled positions only.
 
     Projecting just the M labelled rows onto the vocabulary gives the same loss as full
     (B, T, c) logits with ignore_index, at a fraction of the cost: the official harness
-    computes them at every position. Returns (mean loss, correct argmax predictions, M).
+    computes them at every position. `positions`: labelled_positions(labels), found here if
+    not given; train gives the training split's, found once, so that no step waits for the
+    device (rows picked by a boolean mask would: their number is known only once the device
+    has computed the mask). Returns (mean loss, correct argmax predictions, M), the two
+    counts as 0-d tensors.
     """
+    positions = labelled_positions(labels) if positions is None else positions
+    B, T = inputs.shape
     hidden = model(inputs)                                                   # (B, T, d)
-    mask = labels != IGNORE
-    logits = model.logits(hidden[mask])                                      # (M, c)
-    target = labels[mask]
-    loss = F.cross_entropy(logits, target)
+    rows = torch.arange(B, device=inputs.device)[:, None]
+    logits = model.logits(hidden[rows, positions].flatten(0, 1))             # (B·K, c)
+    target = labels[rows, positions].flatten()                               # (B·K,)
+    loss = F.cross_entropy(logits, target, ignore_index=IGNORE)
     correct = (logits.argmax(dim=-1) == target).sum()
-    return loss, correct, target.numel()
+    return loss, correct, (target != IGNORE).sum()
 
 
 @torch.no_grad()
@@ -528,8 +545,8 @@ def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
     for i in range(0, len(inputs), batch_size):
         loss, right, labelled = labelled_loss(model, inputs[i:i + batch_size],
                                               labels[i:i + batch_size])
-        correct, total = correct + int(right), total + labelled
-        loss_sum = loss_sum + loss.item() * labelled
+        correct, total = correct + int(right), total + int(labelled)
+        loss_sum = loss_sum + loss.item() * int(labelled)
     model.train()
     return (correct / total, loss_sum / total) if with_loss else correct / total
 
@@ -641,6 +658,7 @@ def train(config, data=None):
     # host-to-device copy per step)
     (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in
                                        (make_data(config) if data is None else data))
+    positions = labelled_positions(y_train)       # once, so that no step waits for the device
     with seeded_rng(config.seed, device), stop_requests() as stop_requested:
         model = LanguageModel(config).to(device)
         optimizer = make_optimizer(model, config)
@@ -659,7 +677,8 @@ def train(config, data=None):
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp):
-                    loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows])
+                    loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows],
+                                               positions[rows])
                     loss = loss + model.aux_loss()
                 if not torch.isfinite(loss):
                     ended = "diverged"
