@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import mixers
 import mqar
@@ -2532,6 +2533,33 @@ def test_diverging_run_stops_and_says_so(tmp_path, capsys):
     assert r["ended"] == "diverged" and r["steps"] < 200
     err = capsys.readouterr().err
     assert re.search(r"at step \d+ \(lr 1e\+06\)", err), err
+
+
+def test_batch_order_on_cuda_copies_from_pinned_memory_without_blocking(monkeypatch):
+    """On CUDA (faked: a TorchFunctionMode answers pin_memory, which needs a GPU, and the
+    copy to "cuda" with a tensor on the meta device) each epoch's permutation is pinned, then
+    copied to the device with non_blocking: once an epoch (40 steps: two epochs)."""
+    calls = []
+
+    class FakeCuda(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.Tensor.pin_memory:
+                calls.append("pin_memory")
+                pinned = args[0].clone()
+                pinned.pinned = True
+                return pinned
+            if func is torch.Tensor.to and torch.device(args[1]).type == "cuda":
+                calls.append(("to cuda", getattr(args[0], "pinned", False),
+                              kwargs.get("non_blocking", False)))
+                return args[0].to("meta")
+            return func(*args, **kwargs)
+
+    order = train.BatchOrder(small_config(), torch.device("cuda"))   # epochs of 32 steps
+    with FakeCuda():
+        batches = list(itertools.islice(order.batches(0), 40))
+    assert calls == ["pin_memory", ("to cuda", True, True)] * 2
+    assert all(rows.device.type == "meta" for _, rows in batches)
 
 
 def official_backbone(model, tokens, block):

@@ -754,10 +754,15 @@ class BatchOrder:
             self.drawn_from = self.generator.get_state()   # this epoch's permutation's origin
             perm = (torch.randperm(config.num_train, generator=self.generator) if config.shuffle
                     else torch.arange(config.num_train))
+            # to the device once an epoch, each batch a slice of it there: a copy from pageable
+            # host memory waits for the device to finish its queued work (CUDA Runtime API,
+            # "API synchronization behavior"), a non_blocking one from pinned memory does not
+            # (PyTorch, "A guide on good usage of non_blocking and pin_memory()")
+            pinned = self.device.type == "cuda"
+            perm = (perm.pin_memory() if pinned else perm).to(self.device, non_blocking=pinned)
             first = step % steps_per_epoch(config)                # resumed: mid-epoch
             for batch in range(first, steps_per_epoch(config)):
-                rows = perm[batch * config.batch_size:(batch + 1) * config.batch_size]
-                yield step, rows.to(self.device)
+                yield step, perm[batch * config.batch_size:(batch + 1) * config.batch_size]
                 step += 1
 
     def state(self, step):
