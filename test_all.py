@@ -2527,12 +2527,33 @@ def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path):
     assert {"test_acc", "steps", "wall_time_s", "seed", "device", "torch"} <= set(record)
 
 
-def test_diverging_run_stops_and_says_so(tmp_path, capsys):
-    r = train.train(small_config(lr=1e6, grad_clip=0.0, warmup_steps=0, max_steps=200,
-                                 out_dir=str(tmp_path)))
-    assert r["ended"] == "diverged" and r["steps"] < 200
-    err = capsys.readouterr().err
-    assert re.search(r"at step \d+ \(lr 1e\+06\)", err), err
+def test_diverging_run_stops_and_says_so(tmp_path, capsys, monkeypatch):
+    """A training loss that is not finite ends the run "diverged", its steps those before
+    that loss, as the message says. It is noticed at the next evaluation (the training steps
+    read nothing back from the device), or before a checkpoint, so that no checkpoint holds
+    a diverged model (checkpoint_every: a nanosecond, one after every step)."""
+    losses, saved, loss, save = [], [], train.labelled_loss, train.Checkpoints.save
+
+    def recording_loss(model, *args):
+        out = loss(model, *args)
+        if model.training:
+            losses.append(out[0].item())
+        return out
+
+    monkeypatch.setattr(train, "labelled_loss", recording_loss)
+    monkeypatch.setattr(train.Checkpoints, "save",
+                        lambda self, run: saved.append(run["step"]) or save(self, run))
+    c = small_config(lr=1e6, grad_clip=0.0, warmup_steps=0, max_steps=200, eval_every=5,
+                     out_dir=str(tmp_path))
+    r = train.train(c)
+    first = [math.isfinite(x) for x in losses].index(False)
+    assert r["ended"] == "diverged" and r["steps"] == first < 200
+    assert len(losses) == (first // 5 + 1) * 5, "noticed at the next evaluation"
+    assert re.search(rf"at step {first} \(lr 1e\+06\)", capsys.readouterr().err)
+    losses.clear()
+    r = train.train(c.replace(checkpoint_every=1e-9, out_dir=str(tmp_path / "saved")))
+    assert r["ended"] == "diverged" and r["steps"] == first and len(losses) == first + 1
+    assert saved == list(range(1, first + 1)), "no checkpoint after the loss was not finite"
 
 
 def test_batch_order_on_cuda_copies_from_pinned_memory_without_blocking(monkeypatch):

@@ -650,6 +650,11 @@ def train(config, data=None):
     KeyboardInterrupt so that the caller stops. On a GPU the data sits on the device; `amp`
     runs the training forward and loss under bfloat16 autocast (no loss scaling needed) and
     `compile` through torch.compile; evaluation stays float32 and eager.
+
+    A training loss that is not finite ends the run "diverged", noticed at the next
+    evaluation or checkpoint, where the host reads the device anyway (a read every step would
+    make it wait for every step): its record's steps are those before that loss, its weights
+    and final scores those of the step where it was noticed.
     """
     check_config(config)
     device = resolve_device(config.device)
@@ -671,6 +676,9 @@ def train(config, data=None):
         bar = tqdm(total=stop, initial=run["step"], desc=run_name(config),
                    disable=not config.progress, leave=False)
         ended = None                                                   # why the run stopped
+        # the first step whose loss was not finite (-1: none yet), kept on the device: read
+        # every step, it would make the host wait for each step to finish
+        nonfinite_at = torch.full((), -1, device=device)
         try:
             for step, rows in order.batches(run["step"]):
                 lr = lr_at(step, config)
@@ -680,28 +688,38 @@ def train(config, data=None):
                     loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows],
                                                positions[rows])
                     loss = loss + model.aux_loss()
-                if not torch.isfinite(loss):
-                    ended = "diverged"
-                    print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
-                          "stopping: try a lower --lr", file=sys.stderr)
-                    break
+                nonfinite_at = torch.where((nonfinite_at < 0) & ~torch.isfinite(loss), step,
+                                           nonfinite_at)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if config.grad_clip > 0:
                     nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 optimizer.step()
-                # the step is taken: evaluate now and then, decide whether to stop, checkpoint
+                # the step is taken: evaluate now and then, decide whether to stop, checkpoint;
+                # a loss that was not finite is read before an evaluation or a checkpoint (the
+                # host waits for the device there anyway), so that no checkpoint holds a
+                # diverged model
                 run["step"] = step + 1
                 bar.update(1)
-                if run["step"] % config.eval_every == 0 or run["step"] == stop:
+                evaluating = run["step"] % config.eval_every == 0 or run["step"] == stop
+                asked = stop_requested()
+                saving = checkpoints.due(run, asked)
+                if (evaluating or saving) and int(nonfinite_at) >= 0:
+                    ended, run["step"] = "diverged", int(nonfinite_at)
+                    print(f"the loss was not finite at step {run['step']} (lr "
+                          f"{lr_at(run['step'], config):.3g}); stopping: try a lower --lr",
+                          file=sys.stderr)
+                    break
+                if evaluating:
                     scores = evaluation(model, valid, test, config, final=run["step"] == stop)
                     run["history"].append({"step": run["step"], "loss": loss.item(), **scores,
                                            "seconds": round(checkpoints.seconds(run), 2)})
                     shown = scores.get("valid_acc", scores.get("valid_probe"))
                     bar.set_postfix(loss=f"{loss.item():.3f}",
                                     valid="-" if shown is None else f"{shown:.3f}")
-                ended = stopping_reason(run, config, stop, stop_requested())
-                checkpoints.save_if_due(run, ended)
+                ended = stopping_reason(run, config, stop, asked)
+                if saving and ended in (None, "interrupted"):   # any other end: a record follows
+                    checkpoints.save(run)
                 if ended:
                     break
         except KeyboardInterrupt:                  # a second Ctrl-C: the last checkpoint stands
@@ -803,17 +821,17 @@ class Checkpoints:
         """The run's training seconds over every segment: the earlier ones and this one."""
         return run["train_time"] + time.perf_counter() - self.segment_start
 
-    def save_if_due(self, run, ended):
-        """Checkpoint at an epoch's end, every checkpoint_every seconds, or when
-        interrupted; never when the run has ended otherwise (its record follows)."""
+    def due(self, run, asked):
+        """Whether a checkpoint is due after the run's latest step: at an epoch's end, every
+        checkpoint_every seconds, or when a Ctrl-C was `asked` (train writes none when the
+        run has ended otherwise: its record follows)."""
         config = self.config
-        if ended in (None, "interrupted") and (
-                run["step"] % steps_per_epoch(config) == 0 or ended or
-                0 < config.checkpoint_every < time.perf_counter() - self.last_save):
-            self.save({**run, "train_time": self.seconds(run)})
-            self.last_save = time.perf_counter()
+        return (run["step"] % steps_per_epoch(config) == 0 or asked or
+                0 < config.checkpoint_every < time.perf_counter() - self.last_save)
 
     def save(self, run):
+        """Write the checkpoint of `run`, its training seconds counted up to now."""
+        run = {**run, "train_time": self.seconds(run)}
         rng = {"cpu": torch.get_rng_state()}           # the generators a run draws from
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -825,6 +843,7 @@ class Checkpoints:
                     "rng": rng, "order": self.order.state(run["step"]), "run": run},
                    self.path.with_suffix(".ckpt.tmp"))
         self.path.with_suffix(".ckpt.tmp").replace(self.path)
+        self.last_save = time.perf_counter()
 
     def load(self):
         path, device = self.path, self.device
