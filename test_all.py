@@ -10,6 +10,7 @@ T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A w
 formula loops over channels with ch.
 """
 import ast
+import collections
 import dataclasses
 import functools
 import inspect
@@ -29,6 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mixers
 import mqar
@@ -2554,6 +2556,87 @@ def test_diverging_run_stops_and_says_so(tmp_path, capsys, monkeypatch):
     r = train.train(c.replace(checkpoint_every=1e-9, out_dir=str(tmp_path / "saved")))
     assert r["ended"] == "diverged" and r["steps"] == first and len(losses) == first + 1
     assert saved == list(range(1, first + 1)), "no checkpoint after the loss was not finite"
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records the aten ops run inside it that make the host wait for a GPU: a value read
+    back (.item(), bool(), int(): _local_scalar_dense; is_nonzero, equal), a result whose
+    size depends on the values (nonzero, masked_select, an index by a boolean mask, in the
+    forward or the backward) and a copy between a CPU tensor and another device (CUDA copies
+    from pageable host memory synchronously). `seen`: (tag, what, its first tensor) for each,
+    `tag` being the caller's label of the moment (nothing is recorded while it is None). A
+    read of a CPU tensor that bypasses aten (tolist, numpy) is not seen."""
+
+    READS = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select"}
+
+    def __init__(self):
+        super().__init__()
+        self.tag, self.seen = None, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
+                i is not None and i.dtype == torch.bool for i in args[1]):
+            name += " by a boolean mask"
+        elif name == "_to_copy" and args[0].device != out.device:
+            name += f" {args[0].device.type} -> {out.device.type}"
+        elif name == "copy_" and args[0].device != args[1].device:
+            name += f" {args[1].device.type} -> {args[0].device.type}"
+        elif name not in self.READS:
+            return out
+        if self.tag is not None:
+            self.seen.append((self.tag, name, tensors[0] if tensors else None))
+        return out
+
+
+def test_training_steps_between_evaluations_make_no_host_sync(tmp_path, monkeypatch):
+    """20 training steps between evaluations (eval_every beyond them; gradient clipping on)
+    under HostSyncs: no op makes the host wait for the device but AdamW's reads of its step
+    counts, which it keeps on the CPU whatever its parameters' device (capturable and fused
+    off: torch/optim/adam.py), so not even those on a GPU. The batch's rows: BatchOrder on
+    the meta device, standing in for a GPU (a copy from the CPU to it is an op, where one to
+    the CPU itself is none), copies one permutation per epoch to it, and nothing between."""
+    syncs, optimizers = HostSyncs(), []
+    batches, make_optimizer = train.BatchOrder.batches, train.make_optimizer
+
+    def tagged_batches(order, step):
+        for step, rows in batches(order, step):
+            syncs.tag = ("step", step) if step < 20 else None
+            yield step, rows
+
+    def hooked_optimizer(model, config):
+        """make_optimizer's, the ops of its step tagged "optimizer" instead of "step"."""
+        optimizer = make_optimizer(model, config)
+        retag = lambda to: lambda *_: setattr(syncs, "tag", syncs.tag and (to, syncs.tag[1]))
+        optimizer.register_step_pre_hook(retag("optimizer"))
+        optimizer.register_step_post_hook(retag("step"))
+        optimizers.append(optimizer)
+        return optimizer
+
+    monkeypatch.setattr(train.BatchOrder, "batches", tagged_batches)
+    monkeypatch.setattr(train, "make_optimizer", hooked_optimizer)
+    with syncs:
+        record = train.train(small_config(max_steps=25, eval_every=100, grad_clip=1.0,
+                                          out_dir=str(tmp_path)))
+    assert record["ended"] == "max_steps" and [h["step"] for h in record["history"]] == [25]
+    in_steps = collections.Counter(name for (where, _), name, _ in syncs.seen
+                                   if where == "step")
+    # the batch order on a device: 512 rows in batches of 16, epochs of 32 steps
+    order, copies = train.BatchOrder(small_config(), torch.device("meta")), HostSyncs()
+    copies.tag = "BatchOrder"
+    with copies:
+        rows = [rows for _, rows in itertools.islice(order.batches(0), 70)]
+    assert all(r.device.type == "meta" and len(r) == 16 for r in rows)
+    copied = collections.Counter(name for _, name, _ in copies.seen)
+    assert in_steps == {} and copied == {"_to_copy cpu -> meta": 3}, (
+        f"20 training steps: {dict(in_steps)}; 70 batches of 3 epochs: {dict(copied)}")
+    [optimizer] = optimizers
+    counters = {state["step"].data_ptr() for state in optimizer.state.values()}
+    own = [(name, t.data_ptr() in counters) for (where, _), name, t in syncs.seen
+           if where == "optimizer"]
+    assert own and set(own) == {("_local_scalar_dense", True)}, own
 
 
 def test_batch_order_on_cuda_copies_from_pinned_memory_without_blocking(monkeypatch):
