@@ -10,6 +10,7 @@ T is a mixer's sequence length (time inside a layer), as mixers.py calls it. A w
 formula loops over channels with ch.
 """
 import ast
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -2612,20 +2613,40 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
     """Mean over labelled positions of logsumexp(scores) - the label's score, scores = the
     hidden state times the tied embedding (projecting only the labelled rows);
     `correct` counts argmax hits (half the labels are set to the argmax here, so the count
-    is not trivially 0)."""
+    is not trivially 0); the same to the bit as the rows a boolean mask picks; and with rows
+    of fewer labels than others (some removed), padded with unlabelled positions."""
     config, model, x, y = small_model(4, data_seed=3, double=True)
     with torch.no_grad():
         hidden = model(x)
-        terms, hits = [], 0
         for b, t in (y != IGNORE).nonzero().tolist():
-            scores = hidden[b, t] @ model.embed.weight.T                       # (c,)
             if (b + t) % 2:
-                y[b, t] = scores.argmax()
-            terms.append(torch.logsumexp(scores, 0) - scores[y[b, t]])
-            hits += int(scores.argmax() == y[b, t])
-        loss, correct, M = train.labelled_loss(model, x, y)
-    assert M == len(terms) == 4 * config.num_kv_pairs and int(correct) == hits > 0
-    assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
+                y[b, t] = (hidden[b, t] @ model.embed.weight.T).argmax()
+        ragged = y.clone()
+        ragged[0, ragged[0] != IGNORE] = IGNORE                           # row 0: no label
+        ragged[1, (ragged[1] != IGNORE).nonzero()[0]] = IGNORE            # row 1: one fewer
+        for labels, n_labels in ((y, 4 * config.num_kv_pairs), (ragged, 3 * config.num_kv_pairs - 1)):
+            terms, hits = [], 0
+            for b, t in (labels != IGNORE).nonzero().tolist():
+                scores = hidden[b, t] @ model.embed.weight.T                   # (c,)
+                terms.append(torch.logsumexp(scores, 0) - scores[labels[b, t]])
+                hits += int(scores.argmax() == labels[b, t])
+            loss, correct, M = train.labelled_loss(model, x, labels)
+            assert M == len(terms) == n_labels and int(correct) == hits > 0
+            assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
+        # the rows a boolean mask picks, in its order: the same loss to the bit
+        mask = y != IGNORE
+        assert torch.equal(train.labelled_loss(model, x, y)[0],
+                           F.cross_entropy(model.logits(hidden[mask]), y[mask]))
+
+
+def test_labelled_positions_lists_each_rows_labels_in_order_then_unlabelled_ones():
+    labels = torch.tensor([[IGNORE, 5, IGNORE, 7, IGNORE],
+                           [3, IGNORE, IGNORE, IGNORE, IGNORE],
+                           [1, 2, IGNORE, IGNORE, IGNORE]])
+    positions = train.labelled_positions(labels)
+    assert positions.shape == (3, 2) and positions[0].tolist() == [1, 3]
+    assert positions[1, 0] == 0 and labels[1, positions[1, 1]] == IGNORE
+    assert positions[2].tolist() == [0, 1]
 
 
 @pytest.mark.parametrize("mixer", ["attention", "base_conv:kernel_size=3,base_conv",
@@ -2677,12 +2698,141 @@ def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path):
     assert {"test_acc", "steps", "wall_time_s", "seed", "device", "torch"} <= set(record)
 
 
-def test_diverging_run_stops_and_says_so(tmp_path, capsys):
-    r = train.train(small_config(lr=1e6, grad_clip=0.0, warmup_steps=0, max_steps=200,
-                                 out_dir=str(tmp_path)))
-    assert r["ended"] == "diverged" and r["steps"] < 200
-    err = capsys.readouterr().err
-    assert re.search(r"at step \d+ \(lr 1e\+06\)", err), err
+def test_diverging_run_stops_and_says_so(tmp_path, capsys, monkeypatch):
+    """A training loss that is not finite ends the run "diverged", its steps those before
+    that loss, as the message says. It is noticed at the next evaluation (the training steps
+    read nothing back from the device), or before a checkpoint, so that no checkpoint holds
+    a diverged model (checkpoint_every: a nanosecond, one after every step)."""
+    losses, saved, loss, save = [], [], train.labelled_loss, train.Checkpoints.save
+
+    def recording_loss(model, *args):
+        out = loss(model, *args)
+        if model.training:
+            losses.append(out[0].item())
+        return out
+
+    monkeypatch.setattr(train, "labelled_loss", recording_loss)
+    monkeypatch.setattr(train.Checkpoints, "save",
+                        lambda self, run: saved.append(run["step"]) or save(self, run))
+    c = small_config(lr=1e6, grad_clip=0.0, warmup_steps=0, max_steps=200, eval_every=5,
+                     out_dir=str(tmp_path))
+    r = train.train(c)
+    first = [math.isfinite(x) for x in losses].index(False)
+    assert r["ended"] == "diverged" and r["steps"] == first < 200
+    assert len(losses) == (first // 5 + 1) * 5, "noticed at the next evaluation"
+    assert re.search(rf"at step {first} \(lr 1e\+06\)", capsys.readouterr().err)
+    losses.clear()
+    r = train.train(c.replace(checkpoint_every=1e-9, out_dir=str(tmp_path / "saved")))
+    assert r["ended"] == "diverged" and r["steps"] == first and len(losses) == first + 1
+    assert saved == list(range(1, first + 1)), "no checkpoint after the loss was not finite"
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records the aten ops run inside it that make the host wait for a GPU: a value read
+    back (.item(), bool(), int(): _local_scalar_dense; is_nonzero, equal), a result whose
+    size depends on the values (nonzero, masked_select, an index by a boolean mask, in the
+    forward or the backward) and a copy between a CPU tensor and another device (CUDA copies
+    from pageable host memory synchronously). `seen`: (tag, what, its first tensor) for each,
+    `tag` being the caller's label of the moment (nothing is recorded while it is None). A
+    read of a CPU tensor that bypasses aten (tolist, numpy) is not seen."""
+
+    READS = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select"}
+
+    def __init__(self):
+        super().__init__()
+        self.tag, self.seen = None, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
+                i is not None and i.dtype == torch.bool for i in args[1]):
+            name += " by a boolean mask"
+        elif name == "_to_copy" and args[0].device != out.device:
+            name += f" {args[0].device.type} -> {out.device.type}"
+        elif name == "copy_" and args[0].device != args[1].device:
+            name += f" {args[1].device.type} -> {args[0].device.type}"
+        elif name not in self.READS:
+            return out
+        if self.tag is not None:
+            self.seen.append((self.tag, name, tensors[0] if tensors else None))
+        return out
+
+
+def test_training_steps_between_evaluations_make_no_host_sync(tmp_path, monkeypatch):
+    """20 training steps between evaluations (eval_every beyond them; gradient clipping on)
+    under HostSyncs: no op makes the host wait for the device but AdamW's reads of its step
+    counts, which it keeps on the CPU whatever its parameters' device (capturable and fused
+    off: torch/optim/adam.py), so not even those on a GPU. The batch's rows: BatchOrder on
+    the meta device, standing in for a GPU (a copy from the CPU to it is an op, where one to
+    the CPU itself is none), copies one permutation per epoch to it, and nothing between."""
+    syncs, optimizers = HostSyncs(), []
+    batches, make_optimizer = train.BatchOrder.batches, train.make_optimizer
+
+    def tagged_batches(order, step):
+        for step, rows in batches(order, step):
+            syncs.tag = ("step", step) if step < 20 else None
+            yield step, rows
+
+    def hooked_optimizer(model, config):
+        """make_optimizer's, the ops of its step tagged "optimizer" instead of "step"."""
+        optimizer = make_optimizer(model, config)
+        retag = lambda to: lambda *_: setattr(syncs, "tag", syncs.tag and (to, syncs.tag[1]))
+        optimizer.register_step_pre_hook(retag("optimizer"))
+        optimizer.register_step_post_hook(retag("step"))
+        optimizers.append(optimizer)
+        return optimizer
+
+    monkeypatch.setattr(train.BatchOrder, "batches", tagged_batches)
+    monkeypatch.setattr(train, "make_optimizer", hooked_optimizer)
+    with syncs:
+        record = train.train(small_config(max_steps=25, eval_every=100, grad_clip=1.0,
+                                          out_dir=str(tmp_path)))
+    assert record["ended"] == "max_steps" and [h["step"] for h in record["history"]] == [25]
+    in_steps = collections.Counter(name for (where, _), name, _ in syncs.seen
+                                   if where == "step")
+    # the batch order on a device: 512 rows in batches of 16, epochs of 32 steps
+    order, copies = train.BatchOrder(small_config(), torch.device("meta")), HostSyncs()
+    copies.tag = "BatchOrder"
+    with copies:
+        rows = [rows for _, rows in itertools.islice(order.batches(0), 70)]
+    assert all(r.device.type == "meta" and len(r) == 16 for r in rows)
+    copied = collections.Counter(name for _, name, _ in copies.seen)
+    assert in_steps == {} and copied == {"_to_copy cpu -> meta": 3}, (
+        f"20 training steps: {dict(in_steps)}; 70 batches of 3 epochs: {dict(copied)}")
+    [optimizer] = optimizers
+    counters = {state["step"].data_ptr() for state in optimizer.state.values()}
+    own = [(name, t.data_ptr() in counters) for (where, _), name, t in syncs.seen
+           if where == "optimizer"]
+    assert own and set(own) == {("_local_scalar_dense", True)}, own
+
+
+def test_batch_order_on_cuda_copies_from_pinned_memory_without_blocking(monkeypatch):
+    """On CUDA (faked: a TorchFunctionMode answers pin_memory, which needs a GPU, and the
+    copy to "cuda" with a tensor on the meta device) each epoch's permutation is pinned, then
+    copied to the device with non_blocking: once an epoch (40 steps: two epochs)."""
+    calls = []
+
+    class FakeCuda(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.Tensor.pin_memory:
+                calls.append("pin_memory")
+                pinned = args[0].clone()
+                pinned.pinned = True
+                return pinned
+            if func is torch.Tensor.to and torch.device(args[1]).type == "cuda":
+                calls.append(("to cuda", getattr(args[0], "pinned", False),
+                              kwargs.get("non_blocking", False)))
+                return args[0].to("meta")
+            return func(*args, **kwargs)
+
+    order = train.BatchOrder(small_config(), torch.device("cuda"))   # epochs of 32 steps
+    with FakeCuda():
+        batches = list(itertools.islice(order.batches(0), 40))
+    assert calls == ["pin_memory", ("to cuda", True, True)] * 2
+    assert all(rows.device.type == "meta" for _, rows in batches)
 
 
 def official_backbone(model, tokens, block):
@@ -2928,8 +3078,8 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     """shuffle=False (the official DataLoader): batches in order, a partial last batch,
     the same order every epoch; budget_steps stops mid-schedule."""
     seen, loss = [], train.labelled_loss
-    monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
-        seen.append(x.clone()) if m.training else None) or loss(m, x, y))
+    monkeypatch.setattr(train, "labelled_loss", lambda m, x, *rest: (
+        seen.append(x.clone()) if m.training else None) or loss(m, x, *rest))
     config = small_config(num_train=40, batch_size=16, shuffle=False, max_steps=100,
                           budget_steps=5, eval_every=50, out_dir=str(tmp_path))
     r = train.train(config)
@@ -3017,8 +3167,8 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
     validation split is apart from the test set."""
     trained, scored = [], []
     loss, evaluate = train.labelled_loss, train.evaluate
-    monkeypatch.setattr(train, "labelled_loss", lambda m, x, y: (
-        trained.append(x) if m.training else None) or loss(m, x, y))
+    monkeypatch.setattr(train, "labelled_loss", lambda m, x, *rest: (
+        trained.append(x) if m.training else None) or loss(m, x, *rest))
     monkeypatch.setattr(train, "evaluate",
                         lambda m, x, y, **kw: scored.append(x) or evaluate(m, x, y, **kw))
     config = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,

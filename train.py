@@ -522,20 +522,37 @@ def init_weights(model, scheme, n_layers, block="pre_norm"):
 # ----------------------------------------------------------------------------------------
 # the loss and the metrics: labelled positions only; a split's accuracy in eval mode
 
-def labelled_loss(model, inputs, labels):
+def labelled_positions(labels):
+    """Where each row of `labels` (B, T) is labelled: (B, K) positions, K the most labels a
+    row has (D for MQAR, T for text); a row's labelled positions in order, then, in a row
+    with fewer than K, some of its unlabelled ones, whose label IGNORE keeps them out of the
+    loss. K is read back from the device (a host sync)."""
+    labelled = (labels != IGNORE).int()
+    K = int(labelled.sum(dim=1).max())
+    # a stable sort puts each row's labelled positions first, in order
+    return labelled.argsort(dim=1, descending=True, stable=True)[:, :K]
+
+
+def labelled_loss(model, inputs, labels, positions=None):
     """Cross-entropy and accuracy at the labelled positions only.
 
     Projecting just the M labelled rows onto the vocabulary gives the same loss as full
     (B, T, c) logits with ignore_index, at a fraction of the cost: the official harness
-    computes them at every position. Returns (mean loss, correct argmax predictions, M).
+    computes them at every position. `positions`: labelled_positions(labels), found here if
+    not given; train gives the training split's, found once, so that no step waits for the
+    device (rows picked by a boolean mask would: their number is known only once the device
+    has computed the mask). Returns (mean loss, correct argmax predictions, M), the two
+    counts as 0-d tensors.
     """
+    positions = labelled_positions(labels) if positions is None else positions
+    B, T = inputs.shape
     hidden = model(inputs)                                                   # (B, T, d)
-    mask = labels != IGNORE
-    logits = model.logits(hidden[mask])                                      # (M, c)
-    target = labels[mask]
-    loss = F.cross_entropy(logits, target)
+    rows = torch.arange(B, device=inputs.device)[:, None]
+    logits = model.logits(hidden[rows, positions].flatten(0, 1))             # (B·K, c)
+    target = labels[rows, positions].flatten()                               # (B·K,)
+    loss = F.cross_entropy(logits, target, ignore_index=IGNORE)
     correct = (logits.argmax(dim=-1) == target).sum()
-    return loss, correct, target.numel()
+    return loss, correct, (target != IGNORE).sum()
 
 
 @torch.no_grad()
@@ -549,8 +566,8 @@ def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
     for i in range(0, len(inputs), batch_size):
         loss, right, labelled = labelled_loss(model, inputs[i:i + batch_size],
                                               labels[i:i + batch_size])
-        correct, total = correct + int(right), total + labelled
-        loss_sum = loss_sum + loss.item() * labelled
+        correct, total = correct + int(right), total + int(labelled)
+        loss_sum = loss_sum + loss.item() * int(labelled)
     model.train()
     return (correct / total, loss_sum / total) if with_loss else correct / total
 
@@ -657,6 +674,11 @@ def train(config, data=None):
     autocast (no loss scaling needed) and `compile` through torch.compile; evaluation stays
     float32 and eager. `tf32` and `deterministic` set torch's flags for the run only
     (torch_settings).
+
+    A training loss that is not finite ends the run "diverged", noticed at the next
+    evaluation or checkpoint, where the host reads the device anyway (a read every step would
+    make it wait for every step): its record's steps are those before that loss, its weights
+    and final scores those of the step where it was noticed.
     """
     check_config(config)
     device = resolve_device(config.device)
@@ -665,6 +687,7 @@ def train(config, data=None):
     # host-to-device copy per step)
     (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in
                                        (make_data(config) if data is None else data))
+    positions = labelled_positions(y_train)       # once, so that no step waits for the device
     with seeded_rng(config.seed, device), torch_settings(config), stop_requests() as stop_requested:
         model = LanguageModel(config).to(device)
         optimizer = make_optimizer(model, config)
@@ -677,36 +700,50 @@ def train(config, data=None):
         bar = tqdm(total=stop, initial=run["step"], desc=run_name(config),
                    disable=not config.progress, leave=False)
         ended = None                                                   # why the run stopped
+        # the first step whose loss was not finite (-1: none yet), kept on the device: read
+        # every step, it would make the host wait for each step to finish
+        nonfinite_at = torch.full((), -1, device=device)
         try:
             for step, rows in order.batches(run["step"]):
                 lr = lr_at(step, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp):
-                    loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows])
+                    loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows],
+                                               positions[rows])
                     loss = loss + model.aux_loss()
-                if not torch.isfinite(loss):
-                    ended = "diverged"
-                    print(f"loss became {loss.item()} at step {step} (lr {lr:.3g}); "
-                          "stopping: try a lower --lr", file=sys.stderr)
-                    break
+                nonfinite_at = torch.where((nonfinite_at < 0) & ~torch.isfinite(loss), step,
+                                           nonfinite_at)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if config.grad_clip > 0:
                     nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 optimizer.step()
-                # the step is taken: evaluate now and then, decide whether to stop, checkpoint
+                # the step is taken: evaluate now and then, decide whether to stop, checkpoint;
+                # a loss that was not finite is read before an evaluation or a checkpoint (the
+                # host waits for the device there anyway), so that no checkpoint holds a
+                # diverged model
                 run["step"] = step + 1
                 bar.update(1)
-                if run["step"] % config.eval_every == 0 or run["step"] == stop:
+                evaluating = run["step"] % config.eval_every == 0 or run["step"] == stop
+                asked = stop_requested()
+                saving = checkpoints.due(run, asked)
+                if (evaluating or saving) and int(nonfinite_at) >= 0:
+                    ended, run["step"] = "diverged", int(nonfinite_at)
+                    print(f"the loss was not finite at step {run['step']} (lr "
+                          f"{lr_at(run['step'], config):.3g}); stopping: try a lower --lr",
+                          file=sys.stderr)
+                    break
+                if evaluating:
                     scores = evaluation(model, valid, test, config, final=run["step"] == stop)
                     run["history"].append({"step": run["step"], "loss": loss.item(), **scores,
                                            "seconds": round(checkpoints.seconds(run), 2)})
                     shown = scores.get("valid_acc", scores.get("valid_probe"))
                     bar.set_postfix(loss=f"{loss.item():.3f}",
                                     valid="-" if shown is None else f"{shown:.3f}")
-                ended = stopping_reason(run, config, stop, stop_requested())
-                checkpoints.save_if_due(run, ended)
+                ended = stopping_reason(run, config, stop, asked)
+                if saving and ended in (None, "interrupted"):   # any other end: a record follows
+                    checkpoints.save(run)
                 if ended:
                     break
         except KeyboardInterrupt:                  # a second Ctrl-C: the last checkpoint stands
@@ -759,10 +796,15 @@ class BatchOrder:
             self.drawn_from = self.generator.get_state()   # this epoch's permutation's origin
             perm = (torch.randperm(config.num_train, generator=self.generator) if config.shuffle
                     else torch.arange(config.num_train))
+            # to the device once an epoch, each batch a slice of it there: a copy from pageable
+            # host memory waits for the device to finish its queued work (CUDA Runtime API,
+            # "API synchronization behavior"), a non_blocking one from pinned memory does not
+            # (PyTorch, "A guide on good usage of non_blocking and pin_memory()")
+            pinned = self.device.type == "cuda"
+            perm = (perm.pin_memory() if pinned else perm).to(self.device, non_blocking=pinned)
             first = step % steps_per_epoch(config)                # resumed: mid-epoch
             for batch in range(first, steps_per_epoch(config)):
-                rows = perm[batch * config.batch_size:(batch + 1) * config.batch_size]
-                yield step, rows.to(self.device)
+                yield step, perm[batch * config.batch_size:(batch + 1) * config.batch_size]
                 step += 1
 
     def state(self, step):
@@ -809,17 +851,17 @@ class Checkpoints:
         """The run's training seconds over every segment: the earlier ones and this one."""
         return run["train_time"] + time.perf_counter() - self.segment_start
 
-    def save_if_due(self, run, ended):
-        """Checkpoint at an epoch's end, every checkpoint_every seconds, or when
-        interrupted; never when the run has ended otherwise (its record follows)."""
+    def due(self, run, asked):
+        """Whether a checkpoint is due after the run's latest step: at an epoch's end, every
+        checkpoint_every seconds, or when a Ctrl-C was `asked` (train writes none when the
+        run has ended otherwise: its record follows)."""
         config = self.config
-        if ended in (None, "interrupted") and (
-                run["step"] % steps_per_epoch(config) == 0 or ended or
-                0 < config.checkpoint_every < time.perf_counter() - self.last_save):
-            self.save({**run, "train_time": self.seconds(run)})
-            self.last_save = time.perf_counter()
+        return (run["step"] % steps_per_epoch(config) == 0 or asked or
+                0 < config.checkpoint_every < time.perf_counter() - self.last_save)
 
     def save(self, run):
+        """Write the checkpoint of `run`, its training seconds counted up to now."""
+        run = {**run, "train_time": self.seconds(run)}
         rng = {"cpu": torch.get_rng_state()}           # the generators a run draws from
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -831,6 +873,7 @@ class Checkpoints:
                     "rng": rng, "order": self.order.state(run["step"]), "run": run},
                    self.path.with_suffix(".ckpt.tmp"))
         self.path.with_suffix(".ckpt.tmp").replace(self.path)
+        self.last_save = time.perf_counter()
 
     def load(self):
         path, device = self.path, self.device
@@ -1298,9 +1341,10 @@ PAPER_FIG2_SOURCE = "the paper's Figure 2 (c = 8192, its own budget; read off th
 
 
 def main_job(folder="results/runs/main"):
-    """Train the two runs of MAIN_MODELS (afresh, or from a checkpoint of its own), print their table and draw their
-    curves to <folder>.png; returns the records. The default folder is one git ignores: the
-    committed results/main/ stays the README's (python -m experiments --sweep=main)."""
+    """Train the two runs of MAIN_MODELS (afresh, or from a checkpoint of its own), print
+    their table and draw their curves to <folder>.png; returns the records. The default
+    folder is one git ignores: the committed results/main/ stays the README's (python -m
+    experiments --sweep=main)."""
     records = []
     Path(folder).mkdir(parents=True, exist_ok=True)
     for label, mixer in tqdm(MAIN_MODELS.items(), desc="main (cpu)", unit="run"):
