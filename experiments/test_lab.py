@@ -1862,6 +1862,41 @@ def test_step_memory_on_the_meta_device_is_the_cpu_runs_byte_for_byte():
     assert sum(s.nbytes() for s in saved.values()) == cpu["saved"] - 16 * B * D + B * N
 
 
+# each mixer's budget for a training step at Figure 2's largest cell (bench.memory_configs),
+# GiB: 8 for every paper form and Figure 2's runs, but the recall mixers since the paper,
+# whose chunked forms keep a state or a (C, C) decay table per chunk for backward: each at
+# its total rounded up to the next GiB, so that none grows unseen
+MEMORY_BUDGET_GIB = 8
+MEMORY_BUDGETS_OVER = {"`gla`": 12, "`mamba2`": 11, "`deltanet`": 11, "`gated_deltanet`": 13,
+                       "`rwkv7`": 23}
+
+
+@functools.cache
+def memory_rows():
+    """bench.memory_rows (step_memory of every row of the memory table), once a run."""
+    return bench.memory_rows()
+
+
+def test_every_training_step_fits_its_memory_budget_at_figure2s_largest_cell():
+    """Each row of `python -m experiments --bench=memory`, (B, N, d) = (128, 512, 512), 2
+    layers, counted by bench.step_memory: its total within its budget (MEMORY_BUDGET_GIB or
+    MEMORY_BUDGETS_OVER); Mamba's paper form and Figure 2's Mamba run among them."""
+    rows = dict(memory_rows())
+    assert set(MEMORY_BUDGETS_OVER) < set(rows) and "`mamba`, Figure 2's run" in rows
+    over = {label: round(memory["total"] / 2**30, 2) for label, memory in rows.items()
+            if memory["total"] > MEMORY_BUDGETS_OVER.get(label, MEMORY_BUDGET_GIB) * 2**30}
+    assert over == {}, f"GiB over budget: {over}"
+
+
+def test_the_readme_memory_table_is_what_bench_memory_prints():
+    """The first table under the lab README's "### Memory at the paper's scale" is, character
+    for character, the table `python -m experiments --bench=memory` prints."""
+    text = (REPO / "experiments/README.md").read_text()
+    section = text[text.index("\n### Memory at the paper's scale\n"):]
+    table = re.search(r"^\|.*\n(?:\|.*\n?)+", section, re.M).group(0)
+    assert table.rstrip("\n") == bench.memory_table(memory_rows())
+
+
 # ----------------------------------------------------------------------------------------
 # experiments/cli.py: the lab's command line
 
