@@ -1537,12 +1537,13 @@ def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=
 SCAN_SEGMENT = 16
 
 
-def _scan_segment(S, dc, xc, A2, Bc, Cc=None):
+def _scan_segment(S, dc, A2, Bc, u, Cc=None):
     """S_t = e^{Δ_t A} S_{t-1} + Bm_t Δ_t x_t in every chunk at once, for each of the k
-    positions of Δ and x, dc and xc (B, chunks, k, d_inner), and Bc (B, chunks, k, d_state),
-    from S (B, chunks, d_state, d_inner); A2 = A/ln 2 (d_state, d_inner). With Cc
-    (B, k, chunks, d_state), y_t = C_t S_t too. Returns (S after the k steps, [y_t])."""
-    u, ys = dc * xc, []                                       # Δ_t x_t, (B, chunks, k, d_inner)
+    positions of Δ_t and Δ_t x_t, dc and u (B, chunks, k, d_inner), and Bc
+    (B, chunks, k, d_state), from S (B, chunks, d_state, d_inner); A2 = A/ln 2
+    (d_state, d_inner). With Cc (B, k, chunks, d_state), y_t = C_t S_t too. Returns (S after
+    the k steps, [y_t])."""
+    ys = []
     for j in range(dc.shape[2]):
         S = torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * S, Bc[:, :, j, :, None],
                           u[:, :, j, None])
@@ -1583,7 +1584,7 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
     # A2 is made contiguous so that the broadcast product below runs along d_inner
     A2 = (A.T / math.log(2)).contiguous()                               # (d_state, d_inner)
     dc = delta.view(B, chunks, chunk, d_inner)                    # (B, chunks, chunk, d_inner)
-    xc = x.view(B, chunks, chunk, d_inner)
+    u = (delta * x).view(B, chunks, chunk, d_inner)               # (B, chunks, chunk, d_inner)
     Bc = Bm.view(B, chunks, chunk, d_state)
 
     def scan(S, Cc=None):
@@ -1592,8 +1593,8 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
         for j in range(0, chunk, SCAN_SEGMENT):
             s = slice(j, j + SCAN_SEGMENT)
             # every tensor the segment reads is an argument, which checkpoint keeps for the
-            # recomputation (Δ·x is computed inside, so that only Δ and x are kept)
-            args = (S, dc[:, :, s], xc[:, :, s], A2, Bc[:, :, s],
+            # recomputation
+            args = (S, dc[:, :, s], A2, Bc[:, :, s], u[:, :, s],
                     None if Cc is None else Cc[:, s])
             # use_reentrant=False is PyTorch's recommended form, and there are no random
             # draws to replay; under no_grad nothing is kept, and checkpoint would only cost

@@ -1865,7 +1865,7 @@ def test_mamba_chunked_scan_keeps_no_state_per_position_for_backward():
     SCAN_SEGMENT = 16 positions of each of its two passes, 2·d_state/16 = 2 such tensors'
     worth, and recomputes the steps between in backward, where keeping each step's decay
     and state would be 2·2·d_state = 64; the layer's own (its input, in_proj's output, the
-    conv's, Δ, the gated output, ...) are about 10."""
+    conv's, Δ, Δ·x, the gated output, ...) are about 11."""
     B, T, d = 8, 512, 64
     m = mixers.Mamba(d, T).to("meta")
     d_inner = m.in_proj.out_features // 2
