@@ -121,6 +121,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 # ----------------------------------------------------------------------------------------
@@ -1538,6 +1539,28 @@ def selective_scan_sequential(x, delta, A, Bm, Cm, skip, state=None, chunk_size=
     return torch.stack(out, 1) + skip * x, S                            # (B, T, d_inner)
 
 
+# positions per segment of the chunked scan that backward recomputes. L layers keep
+# 2·L·chunk/SCAN_SEGMENT states and a segment's recomputation holds 2·SCAN_SEGMENT more, so
+# backward's peak is least at SCAN_SEGMENT = √(L·chunk): for chunks of 64, 8 and 16 are
+# alike at 2 layers, and 16 is the better from 3 layers on
+SCAN_SEGMENT = 16
+
+
+def _scan_segment(S, dc, A2, Bc, u, Cc=None):
+    """S_t = e^{Δ_t A} S_{t-1} + Bm_t Δ_t x_t in every chunk at once, for each of the k
+    positions of Δ_t and Δ_t x_t, dc and u (B, chunks, k, d_inner), and Bc
+    (B, chunks, k, d_state), from S (B, chunks, d_state, d_inner); A2 = A/ln 2
+    (d_state, d_inner). With Cc (B, k, chunks, d_state), y_t = C_t S_t too. Returns (S after
+    the k steps, [y_t])."""
+    ys = []
+    for j in range(dc.shape[2]):
+        S = torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * S, Bc[:, :, j, :, None],
+                          u[:, :, j, None])
+        if Cc is not None:
+            ys.append(Cc[:, j, :, None] @ S)                       # (B, chunks, 1, d_inner)
+    return S, ys
+
+
 def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64):
     """The same recurrence with its chunks = T/chunk chunks (chunk = chunk_size positions)
     run side by side: chunk + chunks + chunk Python steps instead of T, each
@@ -1552,8 +1575,14 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
     Every factor is a decay exp(ΔA) <= 1, so nothing overflows whatever Δ and A are.
     Cost: 2·B·T·d_inner·d_state exponentials and multiply-adds, twice the sequential scan's;
     the gain is the T Python steps (experiments/README.md, "Benchmarks": what else was tried).
-    Materializes no (B, T, d_inner, d_state) tensor. The padding has Δ = 0 (decay 1, input 0),
-    so the carry after the last chunk is the final state.
+    Materializes no (B, T, d_inner, d_state) tensor, and keeps none for backward: passes 1
+    and 3 run in segments of SCAN_SEGMENT positions, each recomputed in backward from the
+    state entering it (torch.utils.checkpoint). Autograd keeps 2·chunk/SCAN_SEGMENT states
+    (B, chunks, d_state, d_inner), 2·B·T·d_inner·d_state/SCAN_SEGMENT numbers, where every
+    step's decay and the state it multiplies would be 4·B·T·d_inner·d_state (32 GiB for
+    two Mamba layers at (B, T, d) = (128, 512, 512)); the price is passes 1 and 3 run once
+    more in backward. The padding has Δ = 0 (decay 1, input 0), so the carry after the last
+    chunk is the final state.
     """
     chunk = min(chunk_size, x.shape[1])             # a chunk never longer than the sequence
     (x, T), (delta, _), (Bm, _), (Cm, _) = (_pad_to_chunks(t, chunk, 1)
@@ -1567,26 +1596,34 @@ def selective_scan_chunked(x, delta, A, Bm, Cm, skip, state=None, chunk_size=64)
     u = (delta * x).view(B, chunks, chunk, d_inner)               # (B, chunks, chunk, d_inner)
     Bc = Bm.view(B, chunks, chunk, d_state)
 
-    # S_t = e^{Δ_t A} S_{t-1} + Bm_t Δ_t x_t, every chunk; S (B, chunks, d_state, d_inner)
-    def step(j, S):
-        return torch.addcmul(torch.exp2(dc[:, :, j, None] * A2) * S,
-                             Bc[:, :, j, :, None], u[:, :, j, None])
+    def scan(S, Cc=None):
+        """Pass 1 (Cc None) or 3 from S, a segment at a time; (S after it, [y_t] with Cc)."""
+        ys = []
+        for j in range(0, chunk, SCAN_SEGMENT):
+            s = slice(j, j + SCAN_SEGMENT)
+            # every tensor the segment reads is an argument, which checkpoint keeps for the
+            # recomputation
+            args = (S, dc[:, :, s], A2, Bc[:, :, s], u[:, :, s],
+                    None if Cc is None else Cc[:, s])
+            # use_reentrant=False is PyTorch's recommended form, and there are no random
+            # draws to replay; under no_grad nothing is kept, and checkpoint would only cost
+            # its overhead (about 40 µs a call, and its first call imports torch._dynamo)
+            S, y = (torch.utils.checkpoint.checkpoint(_scan_segment, *args, use_reentrant=False,
+                                                      preserve_rng_state=False)
+                    if torch.is_grad_enabled() else _scan_segment(*args))
+            ys += y
+        return S, ys
 
-    S = x.new_zeros(B, chunks, d_state, d_inner)
-    for j in range(chunk):                                                    # 1.
-        S = step(j, S)
+    S, _ = scan(x.new_zeros(B, chunks, d_state, d_inner))                      # 1.
     chunk_decay = torch.exp2(dc.sum(2)[:, :, None] * A2)     # (B, chunks, d_state, d_inner)
     carry = x.new_zeros(B, d_state, d_inner) if state is None else state.transpose(1, 2)
     entering = []
     for i in range(chunks):                                                   # 2.
         entering.append(carry)
         carry = torch.addcmul(S[:, i], chunk_decay[:, i], carry)
-    S, y = torch.stack(entering, 1), []
     Cc = Cm.view(B, chunks, chunk, d_state).transpose(1, 2).contiguous()
     # Cc (B, chunk, chunks, d_state)
-    for j in range(chunk):                                                    # 3.
-        S = step(j, S)
-        y.append(Cc[:, j, :, None] @ S)                            # (B, chunks, 1, d_inner)
+    _, y = scan(torch.stack(entering, 1), Cc)                                  # 3.
     y = torch.cat(y, 2).view(B, Tp, d_inner)                              # (B, T, d_inner)
     return (y + skip * x)[:, :T], carry.transpose(1, 2)
 
@@ -1611,9 +1648,10 @@ class Mamba(Mixer):
     `_no_reinit` for the same reason).
     State of `step`: S (d_inner, d_state) and the last conv inputs:
     d_inner·(d_state + min(t, d_conv - 1)).
-    To copy: this class, SCAN_IMPLS (selective_scan_chunked, selective_scan_sequential, with
-    _pad_to_chunks), causal_conv with CONV_IMPLS (causal_conv_direct, causal_conv_fft,
-    causal_conv_fast, SHORT_FILTER), conv1d_init_, Mixer, check_choice and check_positive.
+    To copy: this class, SCAN_IMPLS (selective_scan_chunked with _scan_segment and
+    SCAN_SEGMENT, selective_scan_sequential, with _pad_to_chunks), causal_conv with
+    CONV_IMPLS (causal_conv_direct, causal_conv_fft, causal_conv_fast, SHORT_FILTER),
+    conv1d_init_, Mixer, check_choice and check_positive.
     """
 
     keeps_own_init = True

@@ -1950,6 +1950,31 @@ def test_mamba_is_initialised_as_mamba_initialises_itself():
     assert mixers.Mamba.keeps_own_init
 
 
+def test_mamba_chunked_scan_keeps_no_state_per_position_for_backward():
+    """The fast form's forward keeps for backward (autograd's saved tensors, each storage once,
+    parameters aside; on the meta device, so no math runs) at most 16 (B, T, d_inner)
+    float32 tensors' worth: its scan keeps the (B, chunks, d_state, d_inner) state every
+    SCAN_SEGMENT = 16 positions of each of its two passes, 2·d_state/16 = 2 such tensors'
+    worth, and recomputes the steps between in backward, where keeping each step's decay
+    and state would be 2·2·d_state = 64; the layer's own (its input, in_proj's output, the
+    conv's, Δ, Δ·x, the gated output, ...) are about 11."""
+    B, T, d = 8, 512, 64
+    m = mixers.Mamba(d, T).to("meta")
+    d_inner = m.in_proj.out_features // 2
+    params = {id(p.untyped_storage()) for p in m.parameters()}
+    saved = {}
+
+    def pack(t):
+        if id(t.untyped_storage()) not in params:
+            saved[id(t.untyped_storage())] = t.untyped_storage()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(torch.empty(B, T, d, device="meta", requires_grad=True))
+    tensors = sum(s.nbytes() for s in saved.values()) / (B * T * d_inner * 4)
+    assert tensors <= 16, f"{tensors:.1f} (B, T, d_inner) tensors kept"
+
+
 # ----------------------------------------------------------------------------------------
 # selective attention
 

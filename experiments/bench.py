@@ -1,4 +1,4 @@
-"""The benchmarks: each prints ratios against a baseline timed in the same run.
+"""The benchmarks: each timing is a ratio against a baseline timed in the same run.
 
 - The training step (bench): a step that projects to logits at the labelled positions only
   (train.labelled_loss, this reference's) against one with logits at every position
@@ -7,22 +7,27 @@
   time over attention's, as a whole layer and (RECURRENCES) its recurrence alone.
 - The MQAR generator (mqar_bench): multiquery_ar against the official algorithm one example
   at a time, in time and peak memory.
+- The memory of a training step (memory_bench): what each mixer's step keeps on its device
+  at Figure 2's largest cell (step_memory), counted on the meta device, with no data.
 
 Rerun: python -m experiments --bench [--key=value ...]   (any run's settings, e.g.
 --mixer=base_conv --seq_len=512 --batch_size=64), python -m experiments --bench=mixers
-[--threads=COUNT] (one thread by default) and python -m experiments --bench=mqar;
-experiments/README.md, "Benchmarks".
+[--threads=COUNT] (one thread by default), python -m experiments --bench=mqar and
+python -m experiments --bench=memory; experiments/README.md, "Benchmarks".
 """
+import math
 import time
 import tracemalloc
 from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from mixers import (BASED_IMPLS, DELTA_RULE_IMPLS, DPLR_IMPLS, GLA_IMPLS, MIXERS, RETENTION_IMPLS,
                     SCAN_IMPLS, SSD_IMPLS, WKV_IMPLS, attention_fast, blocked_attention_fast,
                     build_mixer, check_positive, sliding_window_fast)
+from experiments.presets import FIGURE2_MIXERS, PAPER_GRID, figure2_batch_size, make_config
 from mqar import IGNORE, multiquery_ar, multiquery_ar_per_example
 from train import (LanguageModel, labelled_loss, labelled_positions, make_optimizer,
                    resolve_device)
@@ -204,3 +209,122 @@ def mqar_bench():
     big_peak, big_out = _peak_bytes(multiquery_ar, 100_000, seq_len=N, num_kv_pairs=D)
     print(f"  100,000 examples  vectorized  {big_s:7.3f} s  peak {big_peak / MiB:6.1f} MiB, "
           f"output {big_out / MiB:.1f} MiB, peak/output {big_peak / big_out:.2f}x")
+
+
+# ----------------------------------------------------------------------------------------
+# the memory of a training step, counted on the meta device
+
+def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None):
+    """F.scaled_dot_product_attention by the fused kernel a CPU runs, which keeps for backward
+    what a GPU's fused kernels keep (q, k, v, the output and a logsumexp per query, a float
+    mask where one is given): the meta device has no kernel to choose and runs the composite
+    form, which keeps the (B, H, T, T) weights. A boolean mask becomes the float mask the
+    CPU's dispatcher turns it into (0 where True, -inf elsewhere)."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype,
+                                device=attn_mask.device).masked_fill(~attn_mask, -math.inf)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+
+class FusedAttentionOnMeta(TorchFunctionMode):
+    """scaled_dot_product_attention on meta tensors runs fused_attention."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention and args[0].is_meta:
+            return fused_attention(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def step_memory(config, device="meta"):
+    """The bytes one training step of config's model keeps on its device, short of what
+    backward makes as it runs: the storages autograd saves in forward and the loss for
+    backward, the parameters, their gradients and AdamW's two moments (exp_avg, exp_avg_sq).
+    On the meta device (the default) a tensor has its shape and no data, so nothing is
+    computed and nothing allocated: the paper's scale is counted in seconds on a laptop. What
+    it counts there is what a CPU run saves, byte for byte (a test checks every paper form),
+    but for attention with dropout, which the CPU runs in its composite form: on the meta
+    device attention is counted as the fused kernels of a CPU and a GPU keep it
+    (fused_attention), dropout or not.
+
+    Counted: every storage torch.autograd.graph.saved_tensors_hooks is handed (the inputs
+    torch.utils.checkpoint keeps for its recomputation among them), once however many saved
+    tensors view it, parameters not among them; each parameter's bytes four times (itself,
+    its gradient, AdamW's two moments). The loss is train's, labelled_loss plus the mixers'
+    aux_loss, at the B·D labelled rows of an MQAR batch, which it picks by index where
+    labelled_loss picks them by a boolean mask (the meta device cannot: how many rows a
+    mask picks is data): two int64 indices per row saved where labelled_loss saves its
+    (B, N) mask, 16·B·D bytes against B·N.
+    Not counted: the allocator's rounding and fragmentation (PyTorch's CUDA caching
+    allocator rounds each block up to 512 bytes and keeps freed blocks for reuse), kernel
+    workspace (cuBLAS, cuDNN, cuFFT plans), the tensors that an op or backward makes and
+    frees (the transient peak: a gradient while it flows, the steps torch.utils.checkpoint
+    recomputes), AdamW's step counters, the data set (train moves every split to the device:
+    16·(num_train + num_valid + num_test)·N bytes of int64 tokens and labels) and CUDA's
+    context. The model runs in float32 whatever config.amp says.
+    Returns a dict of bytes: saved, parameters, gradients, adamw and their total.
+    """
+    c = config
+    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
+                                   c.power_a, seed=c.seed)
+    b, q = (labels != IGNORE).nonzero(as_tuple=True)                      # (B·D,) each
+    target = labels[b, q]
+    inputs, b, q, target = (t.to(device) for t in (inputs, b, q, target))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(c.seed)
+        model = LanguageModel(c).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    kept = {id(p.untyped_storage()) for p in model.parameters()}
+    saved = {}                                      # id -> storage, each kept alive till counted
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if id(storage) not in kept:
+            saved[id(storage)] = storage
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FusedAttentionOnMeta():
+        hidden = model(inputs)                                               # (B, N, d)
+        loss = F.cross_entropy(model.logits(hidden[b, q]), target) + model.aux_loss()
+    weights = sum(p.numel() * p.element_size() for p in params)
+    memory = dict(saved=sum(s.nbytes() for s in saved.values()), parameters=weights,
+                  gradients=weights, adamw=2 * weights)
+    return {**memory, "total": sum(memory.values())}
+
+
+def memory_configs():
+    """(label, config) of each row of memory_bench, at Figure 2's largest cell (the last N,
+    D and d of PAPER_GRID) with the official batch size there: every mixer's paper form in
+    the CPU preset's 2-layer model, then Figure 2's official run of each of its models
+    (preset figure2: official forms and block, dropout 0.1)."""
+    (N, D), d = PAPER_GRID["nd"][-1], PAPER_GRID["d_model"][-1]
+    cell = dict(seq_len=N, num_kv_pairs=D, d_model=d)
+    return ([(f"`{name}`", make_config(mixer=name, batch_size=figure2_batch_size(N), **cell))
+             for name in MIXERS] +
+            [(f"`{name}`, Figure 2's run", make_config(preset="figure2", mixer=name, **cell))
+             for name in FIGURE2_MIXERS])
+
+
+def memory_rows():
+    """(label, step_memory) of each row of memory_configs."""
+    return [(label, step_memory(config)) for label, config in memory_configs()]
+
+
+def memory_table(rows):
+    """The Markdown table of memory_bench: memory_rows in GiB."""
+    lines = ["| mixer | saved for backward | weights, gradients, AdamW | total |",
+             "|---|---|---|---|"]
+    for label, memory in rows:
+        saved, total = memory["saved"] / 2**30, memory["total"] / 2**30
+        lines.append(f"| {label} | {saved:.2f} | {total - saved:.2f} | {total:.2f} |")
+    return "\n".join(lines)
+
+
+def memory_bench():
+    """The memory each mixer's training step keeps (step_memory) at Figure 2's largest cell."""
+    _, c = memory_configs()[0]
+    print(f"training-step memory, GiB (2^30 bytes), at (B, N, d) = ({c.batch_size}, "
+          f"{c.seq_len}, {c.d_model}), D = {c.num_kv_pairs}, c = {c.vocab_size}, "
+          f"{c.n_layers} layers, float32, counted on the meta device (step_memory)")
+    print(memory_table(memory_rows()))

@@ -46,6 +46,8 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
   --bench [--key=value ...]           training-step time vs logits at every position
   --bench=mixers [--threads=COUNT]    every mixer's fast form vs its reference (one thread)
   --bench=mqar                        the MQAR generator vs the official one-example loop
+  --bench=memory                      each mixer's training-step memory at Figure 2's largest
+                                      cell, counted on the meta device
   --gpu_check [--out=DIR]             the GPU check: every mixer trained in float32 and under
                                       --amp, the mixer contract on the GPU, the main job, the
                                       benchmarks, then fig2_plotted_grid's BaseConv runs while
@@ -59,7 +61,7 @@ import json
 import sys
 from pathlib import Path
 
-from experiments.bench import bench, mixers_bench, mqar_bench
+from experiments.bench import bench, memory_bench, mixers_bench, mqar_bench
 from experiments.common import (SweepFailed, load_records, model_order, run_sweep, strict_json,
                                 submit_sweep, trend_table)
 from experiments import f2, figure2, figure6, frontier, hybrids
@@ -227,14 +229,16 @@ def sweep_command(flags, rest):
 def bench_command(flags, rest):
     """--bench [--key=value ...]: the training-step benchmark of that run's model (bench);
     --bench=mixers [--threads=COUNT]: every mixer's forms timed (mixers_bench); --bench=mqar:
-    the MQAR generator timed (mqar_bench)."""
-    check_choice("--bench", flags["--bench"], ("", "mixers", "mqar"))
+    the MQAR generator timed (mqar_bench); --bench=memory: each mixer's training-step memory
+    at Figure 2's largest cell (memory_bench)."""
+    check_choice("--bench", flags["--bench"], ("", "mixers", "mqar", "memory"))
     if flags["--bench"] == "":
         return bench(make_config(**parse_arguments(rest)))
-    if flags["--bench"] == "mqar":
+    if flags["--bench"] in ("mqar", "memory"):
         if rest:
-            raise ValueError(f"{rest[0]!r} is not allowed with --bench=mqar: it takes no settings")
-        return mqar_bench()
+            raise ValueError(f"{rest[0]!r} is not allowed with --bench={flags['--bench']}: it "
+                             "takes no settings")
+        return mqar_bench() if flags["--bench"] == "mqar" else memory_bench()
     threads = [a.partition("=")[2] for a in rest if a.startswith("--threads=")]
     if len(rest) > len(threads) or len(threads) > 1:
         raise ValueError(f"{rest} is not allowed with --bench=mixers: it takes --threads=COUNT "

@@ -2028,6 +2028,71 @@ def test_bench_times_each_recurrence_on_the_arguments_its_layer_hands_it():
         assert torch.allclose(first(fast), first(ref), atol=1e-4), name
 
 
+def test_step_memory_on_the_meta_device_is_the_cpu_runs_byte_for_byte():
+    """bench.step_memory counts the same bytes on the meta device as in a real CPU forward of
+    every mixer's model at a small size (scaled_dot_product_attention as the CPU's fused
+    kernel keeps it: fused_attention); and train's own loss (labelled_loss, the boolean mask)
+    saves the same but for its (B, N) mask where step_memory saves two int64 indices per
+    labelled row, as its docstring says."""
+    for name in mixers.MIXERS:
+        c = presets.make_config(mixer=name, d_model=16, seq_len=32, num_kv_pairs=4,
+                                batch_size=3, vocab_size=64)
+        meta, cpu = bench.step_memory(c, "meta"), bench.step_memory(c, "cpu")
+        assert meta == cpu, name
+        assert meta["total"] == meta["saved"] + 4 * meta["parameters"], name
+    torch.manual_seed(c.seed)
+    model = train.LanguageModel(c)
+    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
+                                   c.power_a, seed=c.seed)
+    params, saved = {id(p.untyped_storage()) for p in model.parameters()}, {}
+
+    def pack(t):
+        if id(t.untyped_storage()) not in params:
+            saved[id(t.untyped_storage())] = t.untyped_storage()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = train.labelled_loss(model, inputs, labels)[0] + model.aux_loss()
+    assert loss.requires_grad
+    B, N, D = c.batch_size, c.seq_len, c.num_kv_pairs
+    assert sum(s.nbytes() for s in saved.values()) == cpu["saved"] - 16 * B * D + B * N
+
+
+# each mixer's budget for a training step at Figure 2's largest cell (bench.memory_configs),
+# GiB: 8 for every paper form and Figure 2's runs, but the recall mixers since the paper,
+# whose chunked forms keep a state or a (C, C) decay table per chunk for backward: each at
+# its total rounded up to the next GiB, so that none grows unseen
+MEMORY_BUDGET_GIB = 8
+MEMORY_BUDGETS_OVER = {"`gla`": 12, "`mamba2`": 11, "`deltanet`": 11, "`gated_deltanet`": 13,
+                       "`rwkv7`": 23}
+
+
+@functools.cache
+def memory_rows():
+    """bench.memory_rows (step_memory of every row of the memory table), once a run."""
+    return bench.memory_rows()
+
+
+def test_every_training_step_fits_its_memory_budget_at_figure2s_largest_cell():
+    """Each row of `python -m experiments --bench=memory`, (B, N, d) = (128, 512, 512), 2
+    layers, counted by bench.step_memory: its total within its budget (MEMORY_BUDGET_GIB or
+    MEMORY_BUDGETS_OVER); Mamba's paper form and Figure 2's Mamba run among them."""
+    rows = dict(memory_rows())
+    assert set(MEMORY_BUDGETS_OVER) < set(rows) and "`mamba`, Figure 2's run" in rows
+    over = {label: round(memory["total"] / 2**30, 2) for label, memory in rows.items()
+            if memory["total"] > MEMORY_BUDGETS_OVER.get(label, MEMORY_BUDGET_GIB) * 2**30}
+    assert over == {}, f"GiB over budget: {over}"
+
+
+def test_the_readme_memory_table_is_what_bench_memory_prints():
+    """The first table under the lab README's "### Memory at the paper's scale" is, character
+    for character, the table `python -m experiments --bench=memory` prints."""
+    text = (REPO / "experiments/README.md").read_text()
+    section = text[text.index("\n### Memory at the paper's scale\n"):]
+    table = re.search(r"^\|.*\n(?:\|.*\n?)+", section, re.M).group(0)
+    assert table.rstrip("\n") == bench.memory_table(memory_rows())
+
+
 # ----------------------------------------------------------------------------------------
 # experiments/gpu_check.py: the GPU check, on the CPU at its tiny setting
 
@@ -2127,14 +2192,17 @@ def test_gpu_check_refuses_other_commands_and_a_bad_out(args, message, capsys, m
 
 def test_the_benchmarks_are_the_labs(monkeypatch):
     """python -m experiments --bench=mixers [--threads=COUNT] runs mixers_bench with that many
-    threads (1 by default), --bench=mqar runs mqar_bench; python mixers.py --bench and python
-    mqar.py --bench are unknown arguments there (argparse's error, exit status 2)."""
+    threads (1 by default), --bench=mqar runs mqar_bench, --bench=memory memory_bench;
+    python mixers.py --bench and python mqar.py --bench are unknown arguments there
+    (argparse's error, exit status 2)."""
     calls = []
     monkeypatch.setattr(cli, "mixers_bench", lambda threads: calls.append(threads))
     monkeypatch.setattr(cli, "mqar_bench", lambda: calls.append("mqar"))
-    for args in (["--bench=mixers"], ["--bench=mixers", "--threads=3"], ["--bench=mqar"]):
+    monkeypatch.setattr(cli, "memory_bench", lambda: calls.append("memory"))
+    for args in (["--bench=mixers"], ["--bench=mixers", "--threads=3"], ["--bench=mqar"],
+                 ["--bench=memory"]):
         assert cli.main(args) == 0
-    assert calls == [1, 3, "mqar"]
+    assert calls == [1, 3, "mqar", "memory"]
     for module in ("mixers", "mqar"):
         out = subprocess.run([sys.executable, f"{module}.py", "--bench"], cwd=REPO,
                              capture_output=True, text=True, timeout=120)
@@ -2167,6 +2235,8 @@ def test_the_benchmarks_are_the_labs(monkeypatch):
     (["--bench=mixers", "--lr=1e-3"], "is not allowed with --bench=mixers"),
     (["--bench=mixers", "--threads=0"], "threads=0 is not allowed"),
     (["--bench=mqar", "--seq_len=32"], "'--seq_len=32' is not allowed with --bench=mqar"),
+    (["--bench=memory", "--batch_size=8"],
+     "'--batch_size=8' is not allowed with --bench=memory"),
     (["--lm", "--task=mqar"], "--task is not allowed with --lm"),
     (["--lm", "--sweep=fig2"], "--lm is not allowed with --sweep"),
     (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],
