@@ -529,8 +529,9 @@ def labelled_positions(labels):
     loss. K is read back from the device (a host sync)."""
     labelled = (labels != IGNORE).int()
     K = int(labelled.sum(dim=1).max())
-    # a stable sort puts each row's labelled positions first, in order
-    return labelled.argsort(dim=1, descending=True, stable=True)[:, :K]
+    # a stable sort puts each row's labelled positions first, in order; contiguous: a copy of
+    # the first K columns, so that the whole (B, T) sort is not kept alive behind them
+    return labelled.argsort(dim=1, descending=True, stable=True)[:, :K].contiguous()
 
 
 def labelled_loss(model, inputs, labels, positions=None):

@@ -252,10 +252,9 @@ def step_memory(config, device="meta"):
     torch.utils.checkpoint keeps for its recomputation among them), once however many saved
     tensors view it, parameters not among them; each parameter's bytes four times (itself,
     its gradient, AdamW's two moments). The loss is train's, labelled_loss plus the mixers'
-    aux_loss, at the B·D labelled rows of an MQAR batch, which it picks by index where
-    labelled_loss picks them by a boolean mask (the meta device cannot: how many rows a
-    mask picks is data): two int64 indices per row saved where labelled_loss saves its
-    (B, N) mask, 16·B·D bytes against B·N.
+    aux_loss, at the B·D labelled rows of an MQAR batch, their positions found on the CPU
+    (labelled_positions reads the data, which the meta device has not), as train finds the
+    training split's once.
     Not counted: the allocator's rounding and fragmentation (PyTorch's CUDA caching
     allocator rounds each block up to 512 bytes and keeps freed blocks for reuse), kernel
     workspace (cuBLAS, cuDNN, cuFFT plans), the tensors that an op or backward makes and
@@ -265,15 +264,13 @@ def step_memory(config, device="meta"):
     context. The model runs in float32 whatever config.amp says.
     Returns a dict of bytes: saved, parameters, gradients, adamw and their total.
     """
-    c = config
-    inputs, labels = multiquery_ar(c.batch_size, c.vocab_size, c.seq_len, c.num_kv_pairs,
-                                   c.power_a, seed=c.seed)
-    b, q = (labels != IGNORE).nonzero(as_tuple=True)                      # (B·D,) each
-    target = labels[b, q]
-    inputs, b, q, target = (t.to(device) for t in (inputs, b, q, target))
+    inputs, labels = multiquery_ar(config.batch_size, config.vocab_size, config.seq_len,
+                                   config.num_kv_pairs, config.power_a, seed=config.seed)
+    positions = labelled_positions(labels)                                   # (B, D)
+    inputs, labels, positions = (t.to(device) for t in (inputs, labels, positions))
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(c.seed)
-        model = LanguageModel(c).to(device)
+        torch.manual_seed(config.seed)
+        model = LanguageModel(config).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     kept = {id(p.untyped_storage()) for p in model.parameters()}
     saved = {}                                      # id -> storage, each kept alive till counted
@@ -285,8 +282,7 @@ def step_memory(config, device="meta"):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FusedAttentionOnMeta():
-        hidden = model(inputs)                                               # (B, N, d)
-        loss = F.cross_entropy(model.logits(hidden[b, q]), target) + model.aux_loss()
+        loss = labelled_loss(model, inputs, labels, positions)[0] + model.aux_loss()
     weights = sum(p.numel() * p.element_size() for p in params)
     memory = dict(saved=sum(s.nbytes() for s in saved.values()), parameters=weights,
                   gradients=weights, adamw=2 * weights)
