@@ -3050,13 +3050,16 @@ CONTRACT = {"shape": check_shape, "causal": check_causal, "batch rows": check_ba
             "deterministic": check_deterministic, "device": check_device}
 
 
-def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRACT)):
+def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRACT),
+                wrap=None):
     """The mixer contract on mixer `name` (parse_mixer's: a key of MIXERS or "source:Class")
     built as build_mixer(name, d_model, seq_len, **options), each check on a fresh copy with
     the same weights (torch's CPU generator seeded for the build, the caller's given back):
     one Clause(check, status, measured) per check of CONTRACT (or `checks`). status is "pass",
     "fail" or "absent" (step and state_size are optional); an exception is a "fail" that
-    names it. A mixer that cannot be built raises a ValueError before any check."""
+    names it. A mixer that cannot be built raises a ValueError before any check. `wrap`, if
+    given, is applied to each copy before its check (the lab's GPU check moves the layer to
+    a GPU behind the checks' CPU inputs: experiments/gpu_check.py)."""
     options = options or {}
     check_positive("d_model", d_model)
     check_positive("seq_len", seq_len)
@@ -3064,7 +3067,8 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
     def build(dtype):
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(0)
-            return build_mixer(name, d_model, seq_len, **options).to(dtype)
+            mixer = build_mixer(name, d_model, seq_len, **options).to(dtype)
+        return wrap(mixer) if wrap else mixer
 
     try:
         build(torch.float32)

@@ -36,11 +36,12 @@ and 9 recurrences x 2 forms: at most about 120 s. The whole ends 40 s before 8 m
 run in flight to stop, checkpoint and write its record, and for the report.
 
 The contract on the GPU: mixers.check_mixer builds the layer on the CPU and makes its inputs
-there, and takes no device. Each check of mixers.CONTRACT (check_mixer's own functions, so
-their tolerances: step == forward to 1e-10 in float64 and 1e-5 in float32, causality to
-1e-12 in float64, the rows of a batch independent to 1e-12, two forwards equal exactly)
-runs instead on OnDevice, the layer moved to the GPU behind the checks' CPU inputs; all but
-"device", which runs the layer on PyTorch's meta device, not on a GPU (test_all.py runs it).
+there; here each copy of the layer is wrapped in OnDevice (check_mixer's `wrap`), so every
+check but "device" runs check_mixer's own functions and tolerances (step == forward to 1e-10
+in float64 and 1e-5 in float32, causality to 1e-12 in float64, the rows of a batch
+independent to 1e-12, two forwards equal exactly) on the layer moved to the GPU behind the
+checks' CPU inputs. "device" runs the layer on PyTorch's meta device, not on a GPU
+(test_all.py runs it).
 
 Without a CUDA GPU it runs on the CPU at a tiny setting (CPU_SETTING: d = 16, two paper
 forms and two official forms, 3 steps, the main job's two runs for 2 steps on small splits,
@@ -93,7 +94,7 @@ from experiments.bench import bench, mixers_bench
 from experiments.common import strict_json, sweep_runs
 from experiments.figure2 import SWEEPS as FIGURE2_SWEEPS
 from experiments.presets import make_config
-from mixers import CONTRACT, CONTRACT_BATCH, MIXERS, OFFICIAL_FORMS, Clause, build_mixer
+from mixers import CONTRACT, CONTRACT_BATCH, MIXERS, OFFICIAL_FORMS, check_mixer
 from mqar import multiquery_ar
 from train import (MAIN_MODELS, LanguageModel, acc_text, finished_record, labelled_loss,
                    main_job, make_optimizer, markdown, record_path, seeded_rng, train)
@@ -258,22 +259,10 @@ class OnDevice(nn.Module):
 
 
 def contract_on(device, name, options, d_model, seq_len):
-    """The checks of the mixer contract but the meta device's (DEVICE_CHECKS), as
-    check_mixer runs them (each on a fresh copy with the same weights, an exception a fail
-    that names it), on the layer on `device` (OnDevice): one Clause per check."""
-    def build(dtype):
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(0)
-            return OnDevice(build_mixer(name, d_model, seq_len, **options).to(dtype), device)
-
-    clauses = []
-    for check in DEVICE_CHECKS:
-        try:
-            status, measured = CONTRACT[check](build, CONTRACT_BATCH, seq_len, d_model)
-        except Exception as e:
-            status, measured = "fail", f"raised {type(e).__name__}: {first_line(e)}"
-        clauses.append(Clause(check, status, measured))
-    return clauses
+    """check_mixer's checks but the meta device's (DEVICE_CHECKS), each on the layer on
+    `device` (OnDevice): one Clause per check."""
+    return check_mixer(name, options, d_model, seq_len, DEVICE_CHECKS,
+                       wrap=lambda mixer: OnDevice(mixer, device))
 
 
 def contract_item(name, form, setting, device):
