@@ -116,8 +116,12 @@ def sample_weighted_without_replacement(rng, num_rows, k, probs):
 # ----------------------------------------------------------------------------------------
 # Procedure 1: multi-query associative recall
 
+# the rules for the tokens at the positions that are neither context nor query (multiquery_ar)
+FILLERS = ("zeros", "random", "uniform")
+
+
 def multiquery_ar(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4, power_a=0.01,
-                  random_non_queries=False, seed=0):
+                  fillers="zeros", seed=0):
     """MQAR examples in the official layout (Procedure 1, appendix E).
 
     Each row: `k1 v1 k2 v2 ... kD vD` at positions 0..2D-1, keys distinct from [1, c/2),
@@ -126,21 +130,24 @@ def multiquery_ar(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4, pow
     slots drawn without replacement with P(g) ∝ α(g+1)^(α-1), key 1 drawn first (as
     `np.random.choice(..., replace=False, p=p)` does in the official code). The label at a
     query position is the value paired with that key (the model predicts it as the next
-    token); every other label is -100. Other positions hold the filler 0, or with
-    `random_non_queries` random tokens from [0, c) that never equal a key of that example.
-
-    Deviation from the official code: its random non-query tokens are drawn from all of
-    [0, c) and can collide with a key of the example, which puts a second, unlabelled copy
-    of a key in the sequence and makes some queries ambiguous (a reported bug). Ours skip
-    the example's keys (they may still equal its values, which is harmless: recall is keyed
-    on keys).
+    token); every other label is -100. The other positions hold, by `fillers`:
+      "zeros"    the token 0 (Figure 2's runs: the official `random_non_queries=False`);
+      "random"   random tokens from [0, c) that never equal a key of the example (ours);
+      "uniform"  random tokens uniform over [0, c), keys of the example included: the
+                 official `random_non_queries=True` (zoology/data/multiquery_ar.py, the
+                 default of its MQARConfig and of the "MQAR (Standard)" recipe).
+    "uniform" can put a second, unlabelled copy of a key after its pair, so that a model
+    that recalls the latest occurrence of a key reads the filler after it (a reported bug
+    of the official data); "random" skips the example's keys (they may still equal its
+    values, which is harmless: recall is keyed on keys). A copy never precedes the context,
+    so a key's first occurrence is always its place in the context (query_key_positions).
 
     Returns (inputs, labels): int64 tensors of shape (num_examples, seq_len).
     """
     _check_mqar_args(num_examples, vocab_size, seq_len, num_kv_pairs, power_a, seed)
-    if not isinstance(random_non_queries, bool):
-        raise ValueError(f"random_non_queries={random_non_queries!r} is not allowed: "
-                         "it must be True or False")
+    if fillers not in FILLERS:
+        raise ValueError(f"fillers={fillers!r} is not allowed: choose one of "
+                         f"{', '.join(FILLERS)}")
     B, N, D, c = num_examples, seq_len, num_kv_pairs, vocab_size
     rng = np.random.default_rng(seed)
     keys = sample_distinct(rng, B, D, 1, c // 2)                            # (B, D)
@@ -149,8 +156,10 @@ def multiquery_ar(num_examples, vocab_size=8192, seq_len=64, num_kv_pairs=4, pow
     slots = sample_weighted_without_replacement(rng, B, D, power_law_probs(space, power_a))
     query_pos = 2 * D + 2 * slots                                           # (B, D)
 
-    if random_non_queries:
+    if fillers == "random":
         inputs = _fill_avoiding(rng, (B, N), c, np.sort(keys, axis=1))
+    elif fillers == "uniform":
+        inputs = rng.integers(0, c, size=(B, N), dtype=np.int64)
     else:
         inputs = np.zeros((B, N), dtype=np.int64)
     inputs[:, 0:2 * D:2] = keys

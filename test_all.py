@@ -97,7 +97,7 @@ def query_slots(inputs, num_kv_pairs):
     return match.int().argmax(-1)
 
 
-def check_mqar_layout(inputs, labels, vocab_size, num_kv_pairs, random_non_queries=False):
+def check_mqar_layout(inputs, labels, vocab_size, num_kv_pairs, fillers="zeros"):
     """Assert every invariant of the official layout (Procedure 1) on a batch."""
     B, N = inputs.shape
     D, c = num_kv_pairs, vocab_size
@@ -106,18 +106,25 @@ def check_mqar_layout(inputs, labels, vocab_size, num_kv_pairs, random_non_queri
     assert ((keys >= 1) & (keys < c // 2)).all() and ((values >= c // 2) & (values < c)).all()
     assert (keys.sort(1).values.diff(dim=1) > 0).all(), "keys distinct within an example"
     assert (values.sort(1).values.diff(dim=1) > 0).all(), "values distinct within an example"
-    g = query_slots(inputs, D)
-    pos = 2 * D + 2 * g
+    # a uniform filler can be a key: read where each key is queried from the labels then
+    if fillers == "uniform":
+        at = torch.stack([(labels[b] != IGNORE).nonzero()[:, 0] for b in range(B)])    # (B, D)
+        match = inputs.gather(1, at)[:, None, :] == keys[:, :, None]                # (B, D, D)
+        assert (match.sum(-1) == 1).all(), "every key must be queried exactly once"
+        pos = at.gather(1, match.int().argmax(-1))
+    else:
+        pos = 2 * D + 2 * query_slots(inputs, D)
     assert torch.equal(labels.gather(1, pos), values), "label at a query = its key's value"
     assert ((labels != IGNORE).sum(1) == D).all(), "exactly D labelled positions"
     others = torch.ones(B, N, dtype=torch.bool)
     others[:, :2 * D] = False
     others.scatter_(1, pos, False)
-    if random_non_queries:
+    if fillers != "zeros":
+        assert ((inputs[others] >= 0) & (inputs[others] < c)).all()
+    if fillers == "random":
         rest = inputs.masked_fill(~others, -1)
         assert not (rest[:, :, None] == keys[:, None, :]).any(), "filler never equals a key"
-        assert ((inputs[others] >= 0) & (inputs[others] < c)).all()
-    else:
+    if fillers == "zeros":
         assert (inputs[others] == 0).all(), "filler is 0"
 
 
@@ -126,12 +133,12 @@ def check_mqar_layout(inputs, labels, vocab_size, num_kv_pairs, random_non_queri
 
 @pytest.mark.parametrize("N,D,c", [(64, 4, 8192), (128, 8, 200), (256, 16, 8192),
                                    (16, 4, 17), (512, 64, 8192)])
-@pytest.mark.parametrize("random_non_queries", [False, True])
-def test_mqar_layout_invariants(N, D, c, random_non_queries):
-    x, y = mqar.multiquery_ar(500, vocab_size=c, seq_len=N, num_kv_pairs=D,
-                              random_non_queries=random_non_queries, seed=3)
+@pytest.mark.parametrize("fillers", mqar.FILLERS)
+def test_mqar_layout_invariants(N, D, c, fillers):
+    x, y = mqar.multiquery_ar(500, vocab_size=c, seq_len=N, num_kv_pairs=D, fillers=fillers,
+                              seed=3)
     assert x.shape == (500, N)
-    check_mqar_layout(x, y, c, D, random_non_queries)
+    check_mqar_layout(x, y, c, D, fillers)
 
 
 def test_per_example_baseline_has_the_same_layout():
@@ -198,10 +205,10 @@ def test_keys_and_values_are_uniform():
             assert stat < chi2_critical(dof), (i, stat)
 
 
-def test_random_non_queries_are_uniform_over_the_allowed_tokens():
+def test_random_fillers_are_uniform_over_the_allowed_tokens():
     c, N, D = 24, 20, 2
     x, y = mqar.multiquery_ar(20_000, vocab_size=c, seq_len=N, num_kv_pairs=D,
-                              random_non_queries=True, seed=9)
+                              fillers="random", seed=9)
     keys = x[:, 0:2 * D:2]
     filler = x[:, -1]                        # the last position is never a query (odd)
     assert not (filler[:, None] == keys).any()
@@ -214,17 +221,34 @@ def test_random_non_queries_are_uniform_over_the_allowed_tokens():
     assert stat < chi2_critical(dof), stat
 
 
+def test_uniform_fillers_are_the_official_rule_keys_included_at_their_rate():
+    """The official rule (random_non_queries=True): every filler uniform over [0, c), so it
+    equals one of the example's D keys with probability D/c."""
+    c, N, D = 64, 48, 8
+    x, y = mqar.multiquery_ar(5_000, vocab_size=c, seq_len=N, num_kv_pairs=D, fillers="uniform",
+                              seed=4)
+    keys = x[:, 0:2 * D:2]
+    filler = x[:, 2 * D + 1::2]              # odd positions after the context: never a query
+    counts = np.bincount(filler.flatten().numpy(), minlength=c)
+    stat, dof = chi2_gof(counts, np.full(c, 1 / c))
+    assert stat < chi2_critical(dof), stat
+    is_key = (filler[:, :, None] == keys[:, None, :]).any(-1)
+    n, rate = is_key.numel(), D / c
+    assert abs(is_key.float().mean().item() - rate) < 4 * math.sqrt(rate * (1 - rate) / n)
+    check_mqar_layout(x, y, c, D, "uniform")
+
+
 def test_mqar_is_seeded_and_neither_reads_nor_changes_global_rng():
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
-    first = mqar.multiquery_ar(50, seed=1, random_non_queries=True)
+    first = mqar.multiquery_ar(50, seed=1, fillers="uniform")
     after = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
     assert before[0] == after[0] and np.array_equal(before[1], after[1])
     assert torch.equal(before[2], after[2])
     random.seed(123), np.random.seed(123), torch.manual_seed(123)
-    second = mqar.multiquery_ar(50, seed=1, random_non_queries=True)
+    second = mqar.multiquery_ar(50, seed=1, fillers="uniform")
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
-    assert not torch.equal(first[0], mqar.multiquery_ar(50, seed=2, random_non_queries=True)[0])
+    assert not torch.equal(first[0], mqar.multiquery_ar(50, seed=2, fillers="uniform")[0])
 
 
 @pytest.mark.parametrize("kwargs,name", [
@@ -233,7 +257,7 @@ def test_mqar_is_seeded_and_neither_reads_nor_changes_global_rng():
     (dict(num_examples=-1), "num_examples"), (dict(num_examples=2.5), "num_examples"),
     (dict(power_a=0), "power_a"), (dict(power_a=-1.0), "power_a"),
     (dict(power_a=float("inf")), "power_a"), (dict(seed=-3), "seed"),
-    (dict(random_non_queries="yes"), "random_non_queries")])
+    (dict(fillers="official"), "fillers"), (dict(fillers=True), "fillers")])
 def test_mqar_rejects_bad_arguments(kwargs, name):
     args = dict(num_examples=4) | kwargs
     with pytest.raises(ValueError, match=rf"^{name}=.*allowed"):
@@ -3459,7 +3483,7 @@ THEORY_CASES = [(check, {}) for check in th.CHECKS] + [      # the table's sizes
     (th.check_kmatrices, dict(m=2)), (th.check_kmatrices, dict(m=16, w=2)),
     (th.check_primitives, dict(Np=1, dp=1)), (th.check_primitives, dict(Np=9, dp=5)),
     (th.check_prop_4_3, dict(sizes=((16, 2, 40), (32, 4, 64)))),
-    (th.check_thm_4_4, dict(sizes=((16, 2, 20), (32, 8, 256)), random_non_queries=True)),
+    (th.check_thm_4_4, dict(sizes=((16, 2, 20), (32, 8, 256)), fillers="random")),
     (th.check_thm_4_5, dict(sizes=((24, 6, 32),))),
     (th.check_thm_h5, dict(N=1, d=1, depths=(1, 3), widths=(1, 3))),
     (th.check_thm_h5, dict(N=2, d=2, depths=(1, 2, 3, 4), widths=(1, 2, 3))),

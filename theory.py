@@ -937,8 +937,8 @@ def check_prop_4_3(seed=0, sizes=((64, 8, 128), (128, 16, 256))):
     rows = []
     for N, D, c in sizes:
         ok = True
-        for random_fill, sm in itertools.product((False, True), (False, True)):
-            x, y = multiquery_ar(16, c, N, D, random_non_queries=random_fill, seed=seed)
+        for fillers, sm in itertools.product(("zeros", "random"), (False, True)):
+            x, y = multiquery_ar(16, c, N, D, fillers=fillers, seed=seed)
             pred, out = mqar_attention(x, c, sm, "strict")
             ok &= mqar_accuracy(pred, y) == 1.0 and _margin(out, y).min() > 0.99
             r, col = (y != IGNORE).nonzero(as_tuple=True)
@@ -1050,21 +1050,20 @@ def mqar_input_independent_layers(N, b, distances):
     return layers + projection(W, N)
 
 
-def check_thm_4_4(seed=0, sizes=((16, 2, 32), (32, 4, 64), (64, 8, 128)),
-                  random_non_queries=False):
+def check_thm_4_4(seed=0, sizes=((16, 2, 32), (32, 4, 64), (64, 8, 128)), fillers="zeros"):
     """Thm 4.4 on mqar.py instances: exact with every distance 1..N-1 (every labelled row's
     output is the value's bits, not only after rounding) and with just the distances present
     (without the largest, a query fails), width 2b(N-1), the same fixed filters for another,
     independently drawn input."""
     rows = []
     for N, D, c in sizes:
-        x, y = multiquery_ar(8, c, N, D, random_non_queries=random_non_queries, seed=seed)
+        x, y = multiquery_ar(8, c, N, D, fillers=fillers, seed=seed)
         b, need = math.ceil(math.log2(c)), sorted(set(key_query_distances(x, y)))
         layers = mqar_input_independent_layers(N, b, list(range(1, N)))
         bits = baseconv_model(to_bits(x, b), layers)          # what the predictions round
         pred, at = from_bits(bits), y != IGNORE
         L, Np, dp = inner_dim(layers)
-        other, _ = multiquery_ar(8, c, N, D, random_non_queries=random_non_queries, seed=seed + 1)
+        other, _ = multiquery_ar(8, c, N, D, fillers=fillers, seed=seed + 1)
         again = mqar_baseconv_input_independent(other, c, list(range(1, N)))[1]
         controls = ((Np, dp) == (N, 2 * b * (N - 1)) and L == 4 + max(1, math.ceil(math.log2(b)))
                     and torch.allclose(bits[at], to_bits(y[at], b), atol=1e-9)
@@ -1166,8 +1165,8 @@ def check_thm_4_5(seed=0, sizes=((16, 2, 24), (32, 4, 40))):
     rows = []
     for N, D, c in sizes:
         covered, iff = [], True
-        for random_fill in (False, True):
-            x, y = multiquery_ar(8, c, N, D, random_non_queries=random_fill, seed=seed)
+        for fillers in ("zeros", "random"):
+            x, y = multiquery_ar(8, c, N, D, fillers=fillers, seed=seed)
             need = needed_distances(x, y)
             lags = [top_lags(x[i:i + 1], c, len(dists))[0] for i, dists in enumerate(need)]
             cover = [set(dists) <= set(l) for dists, l in zip(need, lags)]
@@ -2007,7 +2006,7 @@ def check_mqar_retnet(seed=0, N=64, D=8, c=128):
     """H.6 on mqar.py instances: the one-hot-key RetNet state answers every query, from the
     state (give k_1 another value and its query gets that value), above the bound
     D log2(c/4) on MQAR's layout."""
-    x, y = multiquery_ar(16, c, N, D, random_non_queries=True, seed=seed)
+    x, y = multiquery_ar(16, c, N, D, fillers="random", seed=seed)
     b = math.ceil(math.log2(c // 2))
     x2 = x.clone()
     x2[:, 1] = (x[:, 1] - c // 2 + 1) % (c - c // 2) + c // 2
