@@ -2661,8 +2661,8 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
 def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
     """Mean over labelled positions of logsumexp(scores) - the label's score, scores = the
     hidden state times the tied embedding (projecting only the labelled rows);
-    `correct` counts argmax hits (half the labels are set to the argmax here, so the count
-    is not trivially 0); the same to the bit as the rows a boolean mask picks; and with rows
+    `right` counts each row's argmax hits (half the labels are set to the argmax here, so the
+    count is not trivially 0) and `labelled` its labels; the same to the bit as the rows a boolean mask picks; and with rows
     of fewer labels than others (some removed), padded with unlabelled positions."""
     config, model, x, y = small_model(4, data_seed=3, double=True)
     with torch.no_grad():
@@ -2674,13 +2674,15 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
         ragged[0, ragged[0] != IGNORE] = IGNORE                           # row 0: no label
         ragged[1, (ragged[1] != IGNORE).nonzero()[0]] = IGNORE            # row 1: one fewer
         for labels, n_labels in ((y, 4 * config.num_kv_pairs), (ragged, 3 * config.num_kv_pairs - 1)):
-            terms, hits = [], 0
+            terms, hits, count = [], [0] * len(x), [0] * len(x)
             for b, t in (labels != IGNORE).nonzero().tolist():
                 scores = hidden[b, t] @ model.embed.weight.T                   # (c,)
                 terms.append(torch.logsumexp(scores, 0) - scores[labels[b, t]])
-                hits += int(scores.argmax() == labels[b, t])
-            loss, correct, M = train.labelled_loss(model, x, labels)
-            assert M == len(terms) == n_labels and int(correct) == hits > 0
+                hits[b] += int(scores.argmax() == labels[b, t])
+                count[b] += 1
+            loss, right, labelled = train.labelled_loss(model, x, labels)
+            assert labelled.tolist() == count and sum(count) == len(terms) == n_labels
+            assert right.tolist() == hits and sum(hits) > 0
             assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-12)
         # the rows a boolean mask picks, in its order: the same loss to the bit
         mask = y != IGNORE
@@ -2820,9 +2822,9 @@ def test_training_steps_between_evaluations_make_no_host_sync(tmp_path, monkeypa
     batches, make_optimizer = train.BatchOrder.batches, train.make_optimizer
 
     def tagged_batches(order, step):
-        for step, rows in batches(order, step):
+        for step, segment, rows in batches(order, step):
             syncs.tag = ("step", step) if step < 20 else None
-            yield step, rows
+            yield step, segment, rows
 
     def hooked_optimizer(model, config):
         """make_optimizer's, the ops of its step tagged "optimizer" instead of "step"."""
@@ -2845,7 +2847,7 @@ def test_training_steps_between_evaluations_make_no_host_sync(tmp_path, monkeypa
     order, copies = train.BatchOrder(small_config(), torch.device("meta")), HostSyncs()
     copies.tag = "BatchOrder"
     with copies:
-        rows = [rows for _, rows in itertools.islice(order.batches(0), 70)]
+        rows = [rows for _, _, rows in itertools.islice(order.batches(0), 70)]
     assert all(r.device.type == "meta" and len(r) == 16 for r in rows)
     copied = collections.Counter(name for _, name, _ in copies.seen)
     assert in_steps == {} and copied == {"_to_copy cpu -> meta": 3}, (
@@ -2881,7 +2883,7 @@ def test_batch_order_on_cuda_copies_from_pinned_memory_without_blocking(monkeypa
     with FakeCuda():
         batches = list(itertools.islice(order.batches(0), 40))
     assert calls == ["pin_memory", ("to cuda", True, True)] * 2
-    assert all(rows.device.type == "meta" for _, rows in batches)
+    assert all(rows.device.type == "meta" for _, _, rows in batches)
 
 
 def official_backbone(model, tokens, block):
@@ -3133,32 +3135,35 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
                           budget_steps=5, eval_every=50, out_dir=str(tmp_path))
     r = train.train(config)
     assert r["ended"] == "budget_steps" and r["steps"] == 5
-    (x, _), *_ = train.make_data(config)
+    [(x, _)], *_ = train.make_data(config)
     want = [x[0:16], x[16:32], x[32:40], x[0:16], x[16:32]]
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
 
 
 def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
     """Batches of 7 rows (the last one ragged) weigh each position once: the whole split's
-    mean, and the same accuracy as without the loss."""
+    mean, and the accuracies of one forward over all of it."""
     _, model, x, y = small_model(40, data_seed=3, eval=True)
-    acc, loss = train.evaluate(model, x, y, batch_size=7, with_loss=True)
+    scores = train.evaluate(model, x, y, batch_size=7)
     with torch.no_grad():
-        whole, correct, M = train.labelled_loss(model, x, y)
-    assert math.isclose(loss, whole.item(), rel_tol=1e-5) and acc == correct.item() / M
-    assert train.evaluate(model, x, y, batch_size=7) == acc
+        whole, right, labelled = train.labelled_loss(model, x, y)
+    assert math.isclose(scores["loss"], whole.item(), rel_tol=1e-5)
+    assert scores["acc"] == right.sum().item() / labelled.sum().item()
+    assert scores["seq_acc"] == (right == labelled).float().mean().item()
+    assert scores == {**train.evaluate(model, x, y), "loss": pytest.approx(scores["loss"])}
 
 
 def test_evaluate_scores_in_eval_mode_and_hands_the_model_back_training():
     """Dropout is off while a split is scored (two scores of a training model agree, and
     equal the eval-mode score), and the model is in training mode afterwards."""
     _, model, x, y = small_model(40, data_seed=3, dropout=0.5)
-    first = train.evaluate(model, x, y, with_loss=True)
-    assert model.training and train.evaluate(model, x, y, with_loss=True) == first
+    first = train.evaluate(model, x, y)
+    assert model.training and train.evaluate(model, x, y) == first
     with torch.no_grad():
         model.eval()
-        loss, correct, M = train.labelled_loss(model, x, y)
-    assert first == (correct.item() / M, pytest.approx(loss.item(), rel=1e-5))
+        loss, right, labelled = train.labelled_loss(model, x, y)
+    assert (first["acc"], first["loss"]) == (right.sum().item() / labelled.sum().item(),
+                                             pytest.approx(loss.item(), rel=1e-5))
     model.train()
     with torch.no_grad():           # the check has power: dropout changes the loss
         assert not math.isclose(train.labelled_loss(model, x, y)[0].item(), loss.item())
@@ -3166,7 +3171,7 @@ def test_evaluate_scores_in_eval_mode_and_hands_the_model_back_training():
 
 def scoring(score):
     """A stand-in for train.evaluate that scores the inputs x as score(x) (loss 0)."""
-    return lambda m, x, y, with_loss=False: (score(x), 0.0) if with_loss else score(x)
+    return lambda m, x, y, **kw: dict(acc=score(x), seq_acc=0.0, loss=0.0, examples=len(x))
 
 
 def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, monkeypatch):
@@ -3181,7 +3186,8 @@ def test_validation_probe_decides_when_the_whole_splits_are_scored(tmp_path, mon
     assert sizes == [16, 16, 16, 16, 48, 64] and r["ended"] == "max_steps", "whole at the end"
     assert [sorted(h) for h in r["history"]] == [
         ["loss", "seconds", "step", "test_probe", "valid_probe"]] * 2 + [
-        ["loss", "seconds", "step", "test_acc", "valid_acc", "valid_loss"]]
+        ["loss", "seconds", "step", "test_acc", "test_seq_acc", "valid_acc", "valid_loss",
+         "valid_seq_acc"]]
     assert (r["test_acc"], r["valid_acc"]) == (r["history"][-1]["test_acc"],
                                                r["history"][-1]["valid_acc"])
     sizes.clear()                                      # a probe that passes: the whole splits
@@ -3195,7 +3201,7 @@ def test_early_stopping_reads_the_validation_split_never_the_test_split(tmp_path
     target while its test accuracy passes it does not stop, and the mirror case stops at its
     first evaluation; a run without a validation split cannot stop early."""
     config = small_config(eval_probe=0, eval_every=4, max_steps=12, out_dir=str(tmp_path))
-    _, (x_test, _), (x_valid, _) = train.make_data(config)
+    _, [(x_test, _)], [(x_valid, _)] = train.make_data(config)
     is_test = lambda x: len(x) == len(x_test) and torch.equal(x, x_test)
     for test_score, valid_score, ended, steps in [(1.0, 0.5, "max_steps", 12),
                                                   (0.5, 1.0, "target_reached", 4)]:
@@ -3223,7 +3229,7 @@ def test_evaluation_scores_held_out_data_only(tmp_path, monkeypatch):
     config = small_config(num_train=64, num_test=64, eval_probe=16, max_steps=4, eval_every=2,
                           num_valid=32, out_dir=str(tmp_path))
     record = train.train(config)                    # probes at step 2, the whole splits at 4
-    _, (x_test, _), (x_valid, _) = train.make_data(config)
+    _, [(x_test, _)], [(x_valid, _)] = train.make_data(config)
     seen = {tuple(row) for x in trained for row in x.tolist()}
     assert len(seen) == 64 and [len(x) for x in scored] == [16, 16, 32, 64]
     assert all(torch.equal(x, want) for x, want in zip(

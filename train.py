@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from mixers import (build_mixer, check_choice, check_mixer, is_outside, load_outside, mixer_class,
                     mixer_fact, mixer_setting, parse_mixer, split_mixer)
-from mqar import IGNORE, multiquery_ar
+from mqar import FILLERS, IGNORE, multiquery_ar
 
 
 # ----------------------------------------------------------------------------------------
@@ -85,10 +85,19 @@ class Config:
     seq_len: int = 64
     num_kv_pairs: int = 4
     power_a: float = 0.01
+    fillers: str = "zeros"            # the tokens between queries (mqar.FILLERS): "zeros"
+                                      # (Figure 2), "random" (never a key of the example) or
+                                      # "uniform" (the official random_non_queries, keys included)
     num_train: int = 100_000
     num_test: int = 3_000
     num_valid: int = 1000             # the validation split: every decision reads it (early
                                       # stopping, a learning rate); 0: none, so no early stop
+    # a mixture of lengths, as the official harness trains (segments): "N:D:examples,...";
+    # "" is the one segment (seq_len, num_kv_pairs, num_train / num_test). Every N is at most
+    # seq_len, the longest sequence the model takes
+    train_segments: str = ""          # each batch from one segment (BatchOrder)
+    test_slices: str = ""             # each slice scored apart, and the validation split the
+                                      # same (N, D) with num_valid examples each (evaluation)
     # optimisation: the CPU recipe, chosen by measurement (experiments/README.md, "The main
     # job's recipe")
     batch_size: int = 128
@@ -328,8 +337,15 @@ def check_config(config):
                              "--amp=false")
     check_choice("task", config.task, TASKS)
     if config.task == "mqar":
+        check_choice("fillers", config.fillers, FILLERS)
         multiquery_ar(0, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
                       seed=config.seed)
+        for split in ("train", "test"):
+            segments(config, split)
+    elif config.train_segments or config.test_slices:
+        raise ValueError(f"train_segments={config.train_segments!r}, test_slices="
+                         f"{config.test_slices!r} are not allowed with task={config.task!r}: "
+                         "segments and slices are MQAR's (task='mqar')")
     elif config.vocab_size < 3:
         raise ValueError(f"vocab_size={config.vocab_size} is not allowed with task='lm': it must "
                          "be >= 3 (<unk>, <eof> and a token)")
@@ -542,8 +558,8 @@ def labelled_loss(model, inputs, labels, positions=None):
     computes them at every position. `positions`: labelled_positions(labels), found here if
     not given; train gives the training split's, found once, so that no step waits for the
     device (rows picked by a boolean mask would: their number is known only once the device
-    has computed the mask). Returns (mean loss, correct argmax predictions, M), the two
-    counts as 0-d tensors.
+    has computed the mask). Returns (mean loss, right, labelled): right (B,) counts each
+    row's correct argmax predictions, labelled (B,) its labelled positions (M in all).
     """
     positions = labelled_positions(labels) if positions is None else positions
     B, T = inputs.shape
@@ -552,53 +568,85 @@ def labelled_loss(model, inputs, labels, positions=None):
     logits = model.logits(hidden[rows, positions].flatten(0, 1))             # (B·K, c)
     target = labels[rows, positions].flatten()                               # (B·K,)
     loss = F.cross_entropy(logits, target, ignore_index=IGNORE)
-    correct = (logits.argmax(dim=-1) == target).sum()
-    return loss, correct, (target != IGNORE).sum()
+    right = (logits.argmax(dim=-1) == target).view(B, -1).sum(dim=1)
+    return loss, right, (target != IGNORE).view(B, -1).sum(dim=1)
 
 
 @torch.no_grad()
-def evaluate(model, inputs, labels, batch_size=None, with_loss=False):
-    """Accuracy over all labelled positions: argmax over the whole vocabulary == label; with
-    `with_loss`, (accuracy, mean cross-entropy over those positions).
+def evaluate(model, inputs, labels, batch_size=None):
+    """The scores of (inputs, labels) in eval mode, a dict: "acc", the share of labelled
+    positions whose argmax over the whole vocabulary is the label (per-query accuracy);
+    "seq_acc", the share of examples with every labelled position right (per-sequence
+    accuracy, as RWKV-7's MQAR table counts); "loss", the mean cross-entropy over the
+    labelled positions; "examples".
     batch_size: rows per forward, by default 2^14 positions' worth (256 rows at T = 64)."""
     batch_size = batch_size or max(1, 2 ** 14 // inputs.shape[1])
     model.eval()
-    correct = total = loss_sum = 0
+    correct = total = whole = loss_sum = 0
     for i in range(0, len(inputs), batch_size):
         loss, right, labelled = labelled_loss(model, inputs[i:i + batch_size],
                                               labels[i:i + batch_size])
-        correct, total = correct + int(right), total + int(labelled)
-        loss_sum = loss_sum + loss.item() * int(labelled)
+        correct, total = correct + int(right.sum()), total + int(labelled.sum())
+        whole += int((right == labelled).sum())
+        loss_sum = loss_sum + loss.item() * int(labelled.sum())
     model.train()
-    return (correct / total, loss_sum / total) if with_loss else correct / total
+    return dict(acc=correct / total, seq_acc=whole / len(inputs), loss=loss_sum / total,
+                examples=len(inputs))
+
+
+def score_split(model, split, names, limit=0):
+    """evaluate over each slice of `split` (a list of (inputs, labels); the first `limit`
+    examples of each, if > 0) and over them all: "acc" and "seq_acc" the mean over every
+    example (each slice weighed by its examples: with one slice, its scores), "loss" over
+    every labelled position; with several slices, "slices": each one's "acc" and "seq_acc"
+    by its name (`names`). The official harness's `valid/accuracy` is this "acc": the mean
+    over every test example of its per-query accuracy, which within an MQAR slice (D queries
+    each) is the slice's per-query accuracy (zoology/train.py, `compute_metrics`)."""
+    parts = [evaluate(model, *(x[:limit] if limit else x for x in part)) for part in split]
+    examples = sum(p["examples"] for p in parts)
+    mean = lambda key: sum(p[key] * p["examples"] for p in parts) / examples
+    scores = dict(acc=mean("acc"), seq_acc=mean("seq_acc"), loss=mean("loss"))
+    if len(split) > 1:
+        scores["slices"] = {name: dict(acc=p["acc"], seq_acc=p["seq_acc"])
+                            for name, p in zip(names, parts)}
+    return scores
 
 
 def evaluation(model, valid, test, config, final=False):
-    """The scores of one evaluation of `model` on the validation and test splits, each an
-    (inputs, labels) pair.
+    """The scores of one evaluation of `model` on the validation and test splits, each a
+    list of (inputs, labels), one per slice (segments; one without test_slices).
 
-    The validation split decides: its first eval_probe examples are scored ("valid_probe"),
-    and only if they pass target_acc the whole split ("valid_acc", "valid_loss"), which the
+    The validation split decides: its first eval_probe examples (of each slice) are scored
+    ("valid_probe"), and only if they pass target_acc the whole split ("valid_acc",
+    "valid_seq_acc", "valid_loss" and, with slices, "valid_slices": score_split), which the
     stopping rule reads; the probe saves most evaluations most of their cost. The test split
-    is scored alike ("test_probe" beside a validation probe, "test_acc" beside a whole
-    validation score and on the final step), for the record and the curves only. (The
-    official harness stops on the test accuracy: experiments/README.md, "Which split
-    decides".) Without a validation split (num_valid = 0) a run trains to the end.
+    is scored alike ("test_probe" beside a validation probe, "test_acc", "test_seq_acc",
+    "test_slices" beside a whole validation score and on the final step), for the record and
+    the curves only. (The official harness stops on the test accuracy: experiments/README.md,
+    "Which split decides".) Without a validation split (num_valid = 0) a run trains to the
+    end.
     """
+    names = [slice_name(N, D) for N, D, _ in segments(config, "test")]
     scores = {}
-    probe = lambda split: 0 < config.eval_probe < len(split[0]) and not final
+    probe = (lambda split: 0 < config.eval_probe < max(len(x) for x, _ in split)
+             and not final)
+    scored = lambda split, limit=0: score_split(model, split, names, limit)
+
+    def add(prefix, got, keys):
+        scores.update({f"{prefix}_{k}": got[k] for k in keys if k in got})
+
     whole = False                   # the whole validation split scored at this evaluation
-    if len(valid[0]):
+    if len(valid[0][0]):
         whole = not probe(valid)
         if not whole:
-            scores["valid_probe"] = evaluate(model, *(x[:config.eval_probe] for x in valid))
+            scores["valid_probe"] = scored(valid, config.eval_probe)["acc"]
             whole = scores["valid_probe"] > config.target_acc
         if whole:
-            scores["valid_acc"], scores["valid_loss"] = evaluate(model, *valid, with_loss=True)
+            add("valid", scored(valid), ("acc", "seq_acc", "loss", "slices"))
     if whole or not probe(test):
-        scores["test_acc"] = evaluate(model, *test)
+        add("test", scored(test), ("acc", "seq_acc", "slices"))
     else:
-        scores["test_probe"] = evaluate(model, *(x[:config.eval_probe] for x in test))
+        scores["test_probe"] = scored(test, config.eval_probe)["acc"]
     return scores
 
 
@@ -618,9 +666,18 @@ def make_optimizer(model, config):
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, config.beta2))
 
 
+def batch_sizes(config):
+    """The size of each batch of one pass over the training set, segment after segment in
+    order (each segment's last batch may be partial)."""
+    return [min(config.batch_size, examples - start)
+            for _, _, examples in segments(config, "train")
+            for start in range(0, examples, config.batch_size)]
+
+
 def steps_per_epoch(config):
-    """Batches in one pass over the training set; the last one may be partial."""
-    return math.ceil(config.num_train / config.batch_size)
+    """Batches in one pass over the training set: len(batch_sizes(config))."""
+    return sum(math.ceil(examples / config.batch_size)
+               for _, _, examples in segments(config, "train"))
 
 
 def lr_at(step, config):
@@ -641,9 +698,53 @@ def lr_at(step, config):
     return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def segments(config, split):
+    """The (N, D, examples) of each segment of `split` ("train", "test" or "valid"), in
+    order: train_segments for "train", test_slices for "test" and, with num_valid examples
+    each, "valid"; either one unset is the one segment of seq_len and num_kv_pairs (num_train,
+    num_test or num_valid examples). A ValueError names a setting that cannot be read, a
+    segment that does not fit the model's seq_len, a D that does not fit its N, or num_train
+    (num_test) set beside the segments that give the examples."""
+    key, count = {"train": ("train_segments", "num_train"), "test": ("test_slices", "num_test"),
+                  "valid": ("test_slices", "num_valid")}[split]
+    text = getattr(config, key)
+    if not text:
+        return [(config.seq_len, config.num_kv_pairs, getattr(config, count))]
+    if split != "valid" and getattr(config, count) != getattr(Config, count):
+        raise ValueError(f"{count}={getattr(config, count)} is not allowed with {key}={text!r}: "
+                         f"each segment gives its own examples (N:D:examples)")
+    parsed = []
+    for entry in text.split(","):
+        try:
+            N, D, examples = (int(part.replace("_", "")) for part in entry.split(":"))
+        except ValueError:
+            raise ValueError(f"{key}={text!r} is not allowed: {entry!r} is not N:D:examples, "
+                             "three integers (e.g. 64:4:100000); separate segments by commas "
+                             "and give at least one") from None
+        if N > config.seq_len:
+            raise ValueError(f"{key}={text!r} is not allowed with seq_len={config.seq_len}: "
+                             f"its segment {entry} is longer than the longest sequence the "
+                             f"model takes (give seq_len >= {N})")
+        try:
+            multiquery_ar(0, config.vocab_size, N, D, config.power_a, seed=0)
+        except ValueError as e:
+            raise ValueError(f"{key}={text!r} is not allowed: its segment {entry}: {e}") from None
+        parsed.append((N, D, config.num_valid if split == "valid" else examples))
+    if len({(N, D) for N, D, _ in parsed}) < len(parsed):
+        raise ValueError(f"{key}={text!r} is not allowed: an (N, D) appears twice; give each "
+                         "once with all its examples")
+    return parsed
+
+
+def slice_name(N, D):
+    """How the history and the record name a slice: "N:D"."""
+    return f"{N}:{D}"
+
+
 def make_data(config):
-    """Train, test and validation sets of MQAR as (inputs, labels), from disjoint seeds:
-    2·seed, 2·seed + 1 and 2^32 + seed (apart from every train and test seed below 2^31). A
+    """Train, test and validation sets of MQAR, each a list of (inputs, labels), one per
+    segment (segments), from disjoint seeds: segment i of the three from 2·seed, 2·seed + 1
+    and 2^32 + seed, each plus i·2^34 (apart from one another for every seed below 2^31). A
     language model's data (task "lm") are the lab's, which passes them to train."""
     if config.task == "lm":
         raise ValueError("task='lm' is not allowed without its data: the LM experiment "
@@ -653,12 +754,13 @@ def make_data(config):
 
 
 def mqar_split(config, split):
-    """One MQAR split of `config` ("train", "test" or "valid"): make_data says its seed."""
-    examples, seed = {"train": (config.num_train, 2 * config.seed),
-                      "test": (config.num_test, 2 * config.seed + 1),
-                      "valid": (config.num_valid, 2**32 + config.seed)}[split]
-    return multiquery_ar(examples, config.vocab_size, config.seq_len, config.num_kv_pairs,
-                         config.power_a, seed=seed)
+    """One MQAR split of `config` ("train", "test" or "valid"), a list of (inputs, labels),
+    one per segment: make_data says the seeds."""
+    seed = {"train": 2 * config.seed, "test": 2 * config.seed + 1,
+            "valid": 2**32 + config.seed}[split]
+    return [multiquery_ar(examples, config.vocab_size, N, D, config.power_a, config.fillers,
+                          seed=seed + i * 2**34)
+            for i, (N, D, examples) in enumerate(segments(config, split))]
 
 
 def train(config, data=None):
@@ -684,11 +786,14 @@ def train(config, data=None):
     check_config(config)
     device = resolve_device(config.device)
     start = time.perf_counter()
-    # every split moves to the device once, so that batches are cut there (on a GPU, no
+    # every split, a list of (inputs, labels) per segment (an (inputs, labels) pair alone is
+    # one), moves to the device once, so that batches are cut there (on a GPU, no
     # host-to-device copy per step)
-    (x_train, y_train), test, valid = ((x.to(device), y.to(device)) for x, y in
-                                       (make_data(config) if data is None else data))
-    positions = labelled_positions(y_train)       # once, so that no step waits for the device
+    train_set, test, valid = ([(x.to(device), y.to(device)) for x, y in
+                               (split if isinstance(split, list) else [split])]
+                              for split in (make_data(config) if data is None else data))
+    # once, so that no step waits for the device
+    positions = [labelled_positions(y) for _, y in train_set]
     with seeded_rng(config.seed, device), torch_settings(config), stop_requests() as stop_requested:
         model = LanguageModel(config).to(device)
         optimizer = make_optimizer(model, config)
@@ -705,13 +810,13 @@ def train(config, data=None):
         # every step, it would make the host wait for each step to finish
         nonfinite_at = torch.full((), -1, device=device)
         try:
-            for step, rows in order.batches(run["step"]):
+            for step, segment, rows in order.batches(run["step"]):
                 lr = lr_at(step, config)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                (x, y), where = train_set[segment], positions[segment]
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp):
-                    loss, _, _ = labelled_loss(forward, x_train[rows], y_train[rows],
-                                               positions[rows])
+                    loss, _, _ = labelled_loss(forward, x[rows], y[rows], where[rows])
                     loss = loss + model.aux_loss()
                 nonfinite_at = torch.where((nonfinite_at < 0) & ~torch.isfinite(loss), step,
                                            nonfinite_at)
@@ -758,7 +863,7 @@ def train(config, data=None):
         whole = {"test_acc", "valid_acc"} if config.num_valid else {"test_acc"}
         final = (last if last.get("step") == run["step"] and whole <= last.keys()
                  else evaluation(model, valid, test, config, final=True))
-        selection = selected_rows(model, *test)          # (random rows: the run's generator)
+        selection = selected_rows(model, *test[0])       # (random rows: the run's generator)
         asked = stop_requested()       # also a Ctrl-C during the last step or evaluation
     record = make_record(config, model, run, ended, final, selection, device,
                          wall_time=time.perf_counter() - start)
@@ -782,30 +887,39 @@ def stopping_reason(run, config, stop, asked):
 
 
 class BatchOrder:
-    """Which training rows each step takes: epoch after epoch a permutation of the training
-    set from a generator seeded by the run's seed (shuffle), or the rows in order; an epoch's
-    last batch may be partial. A run continued from state(step) draws the same batches."""
+    """Which training rows each step takes, each batch from one segment (segments): epoch
+    after epoch, each segment's rows in a permutation from a generator seeded by the run's
+    seed (shuffle) or in order, cut into batches (a segment's last one may be partial); the
+    batches segment after segment, the same order every epoch (the official order:
+    zoology/data/utils.py, `_SyntheticDataset` under a DataLoader that does not shuffle),
+    or, shuffled with several segments, in a new order of all of them every epoch. A run
+    continued from state(step) draws the same batches."""
 
     def __init__(self, config, device):
         self.config, self.device = config, device
+        self.sizes = [examples for _, _, examples in segments(config, "train")]
         self.generator = torch.Generator().manual_seed(config.seed)
 
     def batches(self, step):
-        """(step, the rows of its batch on the device) from `step` on, without end."""
-        config = self.config
+        """(step, segment, the rows of its batch in that segment, on the device) from `step`
+        on, without end."""
+        config, B = self.config, self.config.batch_size
         while True:
-            self.drawn_from = self.generator.get_state()   # this epoch's permutation's origin
-            perm = (torch.randperm(config.num_train, generator=self.generator) if config.shuffle
-                    else torch.arange(config.num_train))
-            # to the device once an epoch, each batch a slice of it there: a copy from pageable
+            self.drawn_from = self.generator.get_state()   # this epoch's permutations' origin
+            perms = [torch.randperm(n, generator=self.generator) if config.shuffle
+                     else torch.arange(n) for n in self.sizes]
+            cuts = [(s, start) for s, n in enumerate(self.sizes) for start in range(0, n, B)]
+            if config.shuffle and len(self.sizes) > 1:
+                cuts = [cuts[i] for i in torch.randperm(len(cuts), generator=self.generator)]
+            # to the device once an epoch, each batch a slice there: a copy from pageable
             # host memory waits for the device to finish its queued work (CUDA Runtime API,
             # "API synchronization behavior"), a non_blocking one from pinned memory does not
             # (PyTorch, "A guide on good usage of non_blocking and pin_memory()")
             pinned = self.device.type == "cuda"
-            perm = (perm.pin_memory() if pinned else perm).to(self.device, non_blocking=pinned)
-            first = step % steps_per_epoch(config)                # resumed: mid-epoch
-            for batch in range(first, steps_per_epoch(config)):
-                yield step, perm[batch * config.batch_size:(batch + 1) * config.batch_size]
+            perms = [(p.pin_memory() if pinned else p).to(self.device, non_blocking=pinned)
+                     for p in perms]
+            for s, start in cuts[step % len(cuts):]:                  # resumed: mid-epoch
+                yield step, s, perms[s][start:start + B]
                 step += 1
 
     def state(self, step):
@@ -1051,7 +1165,9 @@ def make_record(config, model, run, ended, final, selection, device, wall_time):
         "seed": config.seed, "n_params": sum(p.numel() for p in model.parameters()),
         **provenance(device), "history": run["history"],
     }
-    record.update({k: final[k] for k in ("valid_acc", "valid_loss") if k in final})
+    record.update({k: final[k] for k in ("test_seq_acc", "test_slices", "valid_acc",
+                                         "valid_seq_acc", "valid_loss", "valid_slices")
+                   if k in final})
     if selection:
         record["selection"] = selection        # one entry per selective-attention layer
     if run["resumed"]:
@@ -1239,9 +1355,12 @@ def acc_text(value):
 
 
 def examples_seen(config, steps):
-    """Training examples the first `steps` steps drew (an epoch's last batch may be partial)."""
-    epochs, rest = divmod(steps, steps_per_epoch(config))
-    return epochs * config.num_train + min(rest * config.batch_size, config.num_train)
+    """Training examples the first `steps` steps drew: each whole epoch all of them, and
+    within the last one the batches of the official order (batch_sizes; a shuffled mixture's
+    differs from it by its partial batches only)."""
+    sizes = batch_sizes(config)
+    epochs, rest = divmod(steps, len(sizes))
+    return epochs * sum(sizes) + sum(sizes[:rest])
 
 
 def runs_table(records, order=None, curves=False):
