@@ -96,6 +96,8 @@ class Config:
     # "" is the one segment (seq_len, num_kv_pairs, num_train / num_test). Every N is at most
     # seq_len, the longest sequence the model takes
     train_segments: str = ""          # each batch from one segment (BatchOrder)
+    segment_passes: int = 1           # passes over each segment before the next: > 1 is a
+                                      # curriculum (the Mamba-2 paper's appendix D.1)
     test_slices: str = ""             # each slice scored apart, and the validation split the
                                       # same (N, D) with num_valid examples each (evaluation)
     # optimisation: the CPU recipe, chosen by measurement (experiments/README.md, "The main
@@ -106,9 +108,10 @@ class Config:
     weight_decay: float = 0.1
     decay_all: bool = False           # weight decay on biases, norms and other 1-d parameters too
     grad_clip: float = 0.0            # max gradient norm; 0 turns clipping off
-    warmup_steps: int = 0             # linear warmup (schedule "cosine" only)
+    warmup_steps: int = 0             # linear warmup (schedules "cosine" and "linear")
     max_steps: int = 8000             # the schedule decays to 0 here
-    schedule: str = "cosine"          # "cosine" stepped every step, "cosine_epochs" every epoch
+    schedule: str = "cosine"          # "cosine" stepped every step, "cosine_epochs" every
+                                      # epoch, or "linear" decay to 0, every step (lr_at)
     budget_steps: int = 0             # stop here even mid-schedule (a CPU budget); 0: max_steps
     shuffle: bool = True              # a new order of the training set every epoch
     eval_every: int = 50              # steps between evaluations: see evaluation
@@ -267,7 +270,7 @@ def check_outside_mixers(config):
 
 BLOCKS = ("pre_norm", "identity_mlp", "rms_pre_norm")
 INITS = ("normal", "gpt2")
-SCHEDULES = ("cosine", "cosine_epochs")
+SCHEDULES = ("cosine", "cosine_epochs", "linear")
 TASKS = ("mqar", "lm")
 
 
@@ -290,7 +293,7 @@ def check_config(config):
                          "pre-norm block's MLP "
                          "(mlp=True, block='pre_norm'; rms_pre_norm's MLP is SwiGLU)")
     for key in ("d_model", "n_layers", "num_train", "num_test", "batch_size", "max_steps",
-                "eval_every"):
+                "eval_every", "segment_passes"):
         if getattr(config, key) < 1:
             raise ValueError(f"{key}={getattr(config, key)} is not allowed: it must be >= 1")
     config.layers                # the mixer names and option keys (their values: when built)
@@ -667,23 +670,25 @@ def make_optimizer(model, config):
 
 
 def batch_sizes(config):
-    """The size of each batch of one pass over the training set, segment after segment in
-    order (each segment's last batch may be partial)."""
+    """The size of each batch of one epoch, segment after segment in order, segment_passes
+    times each (each pass's last batch may be partial)."""
     return [min(config.batch_size, examples - start)
             for _, _, examples in segments(config, "train")
+            for _ in range(config.segment_passes)
             for start in range(0, examples, config.batch_size)]
 
 
 def steps_per_epoch(config):
-    """Batches in one pass over the training set: len(batch_sizes(config))."""
-    return sum(math.ceil(examples / config.batch_size)
-               for _, _, examples in segments(config, "train"))
+    """Batches in one epoch: len(batch_sizes(config))."""
+    return config.segment_passes * sum(math.ceil(examples / config.batch_size)
+                                       for _, _, examples in segments(config, "train"))
 
 
 def lr_at(step, config):
     """The learning rate of (0-based) step `step`.
 
-    "cosine": linear warmup to lr over warmup_steps, then cosine decay to 0 at max_steps.
+    "cosine": linear warmup to lr over warmup_steps, then cosine decay to 0 at max_steps;
+    "linear" the same warmup, then linear decay to 0 at max_steps.
     "cosine_epochs": constant within an epoch, lr·(1 + cos(π e/E))/2 in epoch e of the
     E = ⌈max_steps / steps_per_epoch⌉ epochs: PyTorch's CosineAnnealingLR(T_max=E) stepped
     after every epoch, as the official trainer does (zoology/train.py).
@@ -694,8 +699,11 @@ def lr_at(step, config):
         return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, epoch / epochs)))
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
-    return config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    progress = min(1.0, (step - config.warmup_steps) /
+                   max(1, config.max_steps - config.warmup_steps))
+    if config.schedule == "linear":
+        return config.lr * (1 - progress)
+    return config.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def segments(config, split):
@@ -892,8 +900,10 @@ class BatchOrder:
     seed (shuffle) or in order, cut into batches (a segment's last one may be partial); the
     batches segment after segment, the same order every epoch (the official order:
     zoology/data/utils.py, `_SyntheticDataset` under a DataLoader that does not shuffle),
-    or, shuffled with several segments, in a new order of all of them every epoch. A run
-    continued from state(step) draws the same batches."""
+    or, shuffled with several segments, in a new order of all of them every epoch. With
+    segment_passes = k > 1, a curriculum: each segment k passes (a new permutation each, if
+    shuffle) before the next, in order. A run continued from state(step) draws the same
+    batches."""
 
     def __init__(self, config, device):
         self.config, self.device = config, device
@@ -906,10 +916,12 @@ class BatchOrder:
         config, B = self.config, self.config.batch_size
         while True:
             self.drawn_from = self.generator.get_state()   # this epoch's permutations' origin
-            perms = [torch.randperm(n, generator=self.generator) if config.shuffle
-                     else torch.arange(n) for n in self.sizes]
-            cuts = [(s, start) for s, n in enumerate(self.sizes) for start in range(0, n, B)]
-            if config.shuffle and len(self.sizes) > 1:
+            passes = [s for s in range(len(self.sizes)) for _ in range(config.segment_passes)]
+            perms = [torch.randperm(self.sizes[s], generator=self.generator) if config.shuffle
+                     else torch.arange(self.sizes[s]) for s in passes]
+            cuts = [(p, start) for p, s in enumerate(passes)
+                    for start in range(0, self.sizes[s], B)]
+            if config.shuffle and len(self.sizes) > 1 and config.segment_passes == 1:
                 cuts = [cuts[i] for i in torch.randperm(len(cuts), generator=self.generator)]
             # to the device once an epoch, each batch a slice there: a copy from pageable
             # host memory waits for the device to finish its queued work (CUDA Runtime API,
@@ -918,8 +930,8 @@ class BatchOrder:
             pinned = self.device.type == "cuda"
             perms = [(p.pin_memory() if pinned else p).to(self.device, non_blocking=pinned)
                      for p in perms]
-            for s, start in cuts[step % len(cuts):]:                  # resumed: mid-epoch
-                yield step, s, perms[s][start:start + B]
+            for p, start in cuts[step % len(cuts):]:                  # resumed: mid-epoch
+                yield step, passes[p], perms[p][start:start + B]
                 step += 1
 
     def state(self, step):

@@ -28,6 +28,9 @@ Usage (python -m experiments ...; experiments/README.md says what each experimen
                                       --launcher=slurm submits them through
                                       submitit (submit_sweep); --dry_run prints their command
                                       lines instead (xargs -P, ...)
+  --sweep=mqar_standard, --sweep=mamba2_harder   MQAR as the field runs it (protocols.py):
+                                      a mixture of lengths, scored per slice; --mixer= as
+                                      for the frontier
   --sweep=frontier --mixer=path/to/file.py:Class   a mixer of your own on the recall frontier:
                                       trained on its cells (records in results/runs/frontier/);
                                       --table=frontier and --plot=frontier with the same
@@ -64,7 +67,7 @@ from pathlib import Path
 from experiments.bench import bench, memory_bench, mixers_bench, mqar_bench
 from experiments.common import (SweepFailed, load_records, model_order, run_sweep, strict_json,
                                 submit_sweep, trend_table)
-from experiments import f2, figure2, figure6, frontier, hybrids
+from experiments import f2, figure2, figure6, frontier, hybrids, protocols
 from experiments.f2 import f2_table, plot_f2
 from experiments.figure2 import (FOLDER_TABLES, fig2_table, plot_epochs, plot_fig2, plot_lr,
                                  plot_plotted, plotted_grid_table)
@@ -108,7 +111,8 @@ SWEEPS = {
     # the main job: at one small width attention solves MQAR, a gated convolution does not
     "main": {"cpu": dict(models=MAIN_MODELS, max_steps=[MAIN_STEPS])},
     "every_mixer": {"cpu": dict(models=EVERY_MIXER_MODELS, max_steps=[1000])},
-    **frontier.SWEEPS, **figure2.SWEEPS, **figure6.SWEEPS, **hybrids.SWEEPS, **f2.SWEEPS}
+    **frontier.SWEEPS, **figure2.SWEEPS, **figure6.SWEEPS, **hybrids.SWEEPS, **f2.SWEEPS,
+    **protocols.SWEEPS}
 # the sweeps tabled and drawn by their cells (figures.cells_table, plot_sweep): the table
 # and the figures of each, from its experiment's file
 CELL_SWEEPS = {"fig2": (fig2_table, plot_fig2), "fig6": (fig6_table, plot_fig6),
@@ -132,6 +136,8 @@ def markdown_table(name):
     (RUN_TABLES), or an LM experiment's part: lm, lm:lr, lm:thresholds, lm:appendix_g (and
     likewise for an LM experiment in another folder)."""
     folder, _, part = name.partition(":")
+    if folder in protocols.SWEEPS:
+        return protocols.protocol_table(folder, SWEEPS[folder])
     if folder in CELL_SWEEPS:
         check_choice("table part", part, ("", "trend"))
         return (trend_table(folder, SWEEPS[folder]) if part == "trend"
@@ -167,6 +173,9 @@ LAUNCHER_OPTIONS = {"--partition": str, "--time_min": int, "--gpus_per_run": int
 def table_command(flags, rest):
     """--table=NAME: print the README's table of results/NAME (markdown_table);
     --table=frontier --mixer=...: the built-ins' cells and yours (yours_table)."""
+    if "--mixer" in flags and flags["--table"] in protocols.SWEEPS:
+        print(protocols.yours_table(flags["--mixer"], flags["--table"]))
+        return
     if "--mixer" in flags:
         print(yours_table(flags["--mixer"]))
         return
@@ -178,6 +187,16 @@ def plot_command(flags, rest):
     (fig2_epochs, fig2_lr, fig2_plotted)."""
     name, plots = flags["--plot"], {"fig2_epochs": plot_epochs, "fig2_lr": plot_lr,
                                     "fig2_plotted": plot_plotted}
+    if "--mixer" in flags and name in protocols.SWEEPS:         # yours beside the built-ins
+        _, paths = protocols.plot_yours(flags["--mixer"], name)
+        print(protocols.yours_table(flags["--mixer"], name))
+        print("wrote " + ", ".join(paths))
+        return
+    if name in protocols.SWEEPS:
+        _, paths = protocols.plot_protocol(name, SWEEPS[name])
+        print(protocols.protocol_table(name, SWEEPS[name]))
+        print("wrote " + ", ".join(paths))
+        return
     if "--mixer" in flags:                     # --plot=frontier --mixer=...: yours beside
         _, paths = plot_yours(flags["--mixer"])          # the built-ins
         print(yours_table(flags["--mixer"]))
@@ -211,11 +230,23 @@ def sweep_command(flags, rest):
     name, scale = flags["--sweep"], flags.get("--scale", "cpu")
     workers = dict(workers=_positive_flag(flags, "workers", 1),
                    workers_per_gpu=_positive_flag(flags, "workers_per_gpu", 1))
+    if "--mixer" in flags and name in protocols.SWEEPS:     # yours on a protocol
+        records = protocols.run_yours(flags["--mixer"], name, scale,
+                                      dry_run="--dry_run" in flags, **workers)
+        if records:
+            print(protocols.yours_table(flags["--mixer"], name))
+        return
     if "--mixer" in flags:                       # yours on the frontier: only its runs train
         records = run_sweep(YOURS, yours_sweep(flags["--mixer"]), scale, make_config,
                             dry_run="--dry_run" in flags, **workers)
         if records:
             print(yours_table(flags["--mixer"]))
+        return
+    if name in protocols.SWEEPS:
+        records = protocols.run_protocol_sweep(name, scale, dry_run="--dry_run" in flags,
+                                               **workers)
+        if records:
+            print(protocols.protocol_table(name, SWEEPS[name]))
         return
     records = run_sweep(name, sweep_of(name), scale, make_config, dry_run="--dry_run" in flags,
                         **workers)
@@ -319,11 +350,13 @@ def check_flags(flags, rest):
                          "GPU check's report (a run's folder is --out_dir)")
     if "--mixer" in flags:
         name = next(flags[f] for f in SWEEP_COMMANDS if f in flags)
-        if name != "frontier":
+        if name not in ("frontier", *protocols.SWEEPS):
             raise ValueError(f"--mixer is not allowed with {name!r}: a mixer of your own "
-                             "joins the frontier sweep (--sweep=frontier --mixer=path/to/"
-                             "file.py:Class, then --table=frontier and --plot=frontier with "
-                             "the same --mixer); one run of it: --mixer=... without --sweep")
+                             "joins the frontier sweep or a protocol ("
+                             f"{', '.join(('frontier', *protocols.SWEEPS))}: --sweep=NAME "
+                             "--mixer=path/to/file.py:Class, then --table=NAME and --plot=NAME "
+                             "with the same --mixer); one run of it: --mixer=... without "
+                             "--sweep")
         if "--launcher" in flags:
             raise ValueError("--launcher is not allowed with --mixer: your runs train here "
                              "(--workers=K) or by the command lines of --dry_run")

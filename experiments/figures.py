@@ -142,13 +142,14 @@ def scale_text(scale):
     return f"{scale} scale" if scale else "runs of no scale of its sweep"
 
 
-def state_size(config):
-    """Numbers of recurrent state per example after seq_len tokens, over every layer; None
-    where a layer does not say (a mixer of your own need not define state_size)."""
+def state_size(config, length=None):
+    """Numbers of recurrent state per example after `length` tokens (by default seq_len),
+    over every layer; None where a layer does not say (a mixer of your own need not define
+    state_size)."""
     with torch.random.fork_rng(devices=[]):
         model = LanguageModel(config)
     sizes = [getattr(b.mixer, "state_size", None) for b in model.blocks]
-    return None if None in sizes else sum(size(config.seq_len) for size in sizes)
+    return None if None in sizes else sum(size(length or config.seq_len) for size in sizes)
 
 
 def dodge(x, i, n, spread=0.1):
