@@ -3125,6 +3125,140 @@ def test_optimizer_decays_what_the_recipe_says():
     assert sorted(ids) == sorted(id(p) for p in m.parameters()) and len(set(ids)) == len(ids)
 
 
+def mixture_config(**overrides):
+    """small_config trained on three segments of 40, 24 and 16 examples (batches of 16: 3, 2
+    and 1 batches, each segment's last one partial) and scored on three slices."""
+    return small_config(**{**dict(train_segments="32:2:40,16:2:24,32:8:16", num_train=100_000,
+                                  test_slices="32:2:20,16:4:12,32:8:8", num_test=3_000,
+                                  num_valid=8, shuffle=False), **overrides})
+
+
+def epoch_batches(config, epochs=2):
+    """BatchOrder's (segment, rows) of the first `epochs` epochs, rows as lists."""
+    order = train.BatchOrder(config, torch.device("cpu"))
+    count = epochs * train.steps_per_epoch(config)
+    return [(s, rows.tolist()) for _, s, rows in itertools.islice(order.batches(0), count)]
+
+
+def test_a_mixture_batches_each_segment_apart_in_the_official_order():
+    """shuffle=False (the official _SyntheticDataset under a DataLoader without shuffling):
+    segment after segment, each cut in order with its last batch partial, the same order
+    every epoch; the data: each segment its own (N, D), from its own seed."""
+    config = mixture_config()
+    want = [(0, list(range(0, 16))), (0, list(range(16, 32))), (0, list(range(32, 40))),
+            (1, list(range(16))), (1, list(range(16, 24))), (2, list(range(16)))]
+    assert train.steps_per_epoch(config) == 6 and epoch_batches(config) == want * 2
+    assert train.batch_sizes(config) == [16, 16, 8, 16, 8, 16]
+    assert train.examples_seen(config, 6 + 4) == 80 + 56
+    train_set, test, valid = train.make_data(config)
+    assert [tuple(x.shape) for x, _ in train_set] == [(40, 32), (24, 16), (16, 32)]
+    assert [tuple(x.shape) for x, _ in test] == [(20, 32), (12, 16), (8, 32)]
+    assert [tuple(x.shape) for x, _ in valid] == [(8, 32), (8, 16), (8, 32)]
+    assert [int((y != IGNORE).sum(1)[0]) for _, y in train_set] == [2, 2, 8]
+    assert not torch.equal(train_set[0][0][:16], train_set[2][0][:16])     # seeds apart
+
+
+def test_a_shuffled_mixture_draws_every_batch_once_an_epoch_in_a_new_order():
+    """shuffle=True: each epoch every segment's rows once, in batches that never mix
+    segments, the batches of all segments in a new order each epoch; resumed at any step,
+    the same batches."""
+    config = mixture_config(shuffle=True, seed=3)
+    batches = epoch_batches(config, epochs=3)
+    epochs = [batches[i:i + 6] for i in (0, 6, 12)]
+    for epoch in epochs:
+        for s, n in enumerate((40, 24, 16)):
+            rows = sorted(r for seg, rows in epoch if seg == s for r in rows)
+            assert rows == list(range(n))
+        assert sorted(len(rows) for _, rows in epoch) == [8, 8, 16, 16, 16, 16]
+    assert len({tuple(s for s, _ in epoch) for epoch in epochs}) > 1, "the order is new"
+    for step in (4, 6, 9):                       # a continued run: state, then the same draws
+        order, fresh = (train.BatchOrder(config, torch.device("cpu")) for _ in range(2))
+        list(itertools.islice(order.batches(0), step))
+        fresh.generator.set_state(order.state(step))
+        again = [(s, r.tolist()) for _, s, r in itertools.islice(fresh.batches(step), 5)]
+        assert again == batches[step:step + 5]
+
+
+def test_segment_passes_is_a_curriculum_each_segment_in_turn():
+    """segment_passes=2: each segment twice, a new permutation each pass, before the next;
+    the curriculum's order is kept even when shuffled."""
+    config = mixture_config(segment_passes=2, shuffle=True)
+    batches = epoch_batches(config, epochs=1)
+    assert [s for s, _ in batches] == [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    first, second = (sorted(r for _, rows in batches[i:i + 3] for r in rows) for i in (0, 3))
+    assert first == second == list(range(40))
+    assert batches[0][1] != batches[3][1], "each pass its own permutation"
+    assert train.steps_per_epoch(config) == 12
+
+
+class NextToken(torch.nn.Module):
+    """A stand-in model that predicts token x + 1 at every position, for hand counts."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, tokens):
+        return F.one_hot((tokens + 1) % self.vocab_size, self.vocab_size).double()
+
+    def logits(self, hidden):
+        return hidden
+
+
+def test_per_query_and_per_sequence_accuracy_and_slices_by_hand():
+    """Three examples of two queries: right 2, 1 and 0 of them (per query 3/6, per sequence
+    1/3), a second slice of one example with both right; the mean over slices weighs each
+    by its examples (the official valid/accuracy: the mean over every example)."""
+    x = torch.tensor([[1, 5, 2, 7], [1, 5, 2, 7], [1, 5, 2, 7]])
+    y = torch.tensor([[2, IGNORE, 3, IGNORE], [2, IGNORE, 9, IGNORE], [9, IGNORE, 9, IGNORE]])
+    model = NextToken(16)
+    scores = train.evaluate(model, x, y, batch_size=2)
+    assert (scores["acc"], scores["seq_acc"], scores["examples"]) == (0.5, 1 / 3, 3)
+    other = (torch.tensor([[4, 4, 4]]), torch.tensor([[IGNORE, 5, 5]]))
+    split = train.score_split(model, [(x, y), other], ["4:2", "3:2"])
+    assert split["slices"] == {"4:2": dict(acc=0.5, seq_acc=1 / 3), "3:2": dict(acc=1.0, seq_acc=1.0)}
+    assert split["acc"] == pytest.approx((3 * 0.5 + 1 * 1.0) / 4)
+    assert split["seq_acc"] == pytest.approx((1 + 1) / 4)
+    assert "slices" not in train.score_split(model, [(x, y)], ["4:2"])
+    assert train.score_split(model, [(x, y), other], ["4:2", "3:2"], limit=1)["slices"]["4:2"] == \
+        dict(acc=1.0, seq_acc=1.0)                                  # a probe: the first one
+
+
+def test_a_run_on_a_mixture_records_every_slice_and_decides_on_validation(tmp_path, monkeypatch):
+    """A mixture run's history and record hold each slice's accuracy, the test's and the
+    validation's; the early stop reads the validation slices' mean: a run whose validation
+    slices pass the target stops, though its test slices do not."""
+    config = mixture_config(max_steps=8, eval_every=4, eval_probe=0, out_dir=str(tmp_path))
+    r = train.train(config)
+    names = ["32:2", "16:4", "32:8"]
+    assert list(r["test_slices"]) == list(r["valid_slices"]) == names
+    assert list(r["history"][-1]["test_slices"]) == names
+    want = sum(r["test_slices"][s]["acc"] * n for s, n in zip(names, (20, 12, 8))) / 40
+    assert r["test_acc"] == pytest.approx(want) and 0 <= r["test_seq_acc"] <= r["test_acc"]
+    _, test, _ = train.make_data(config)
+    is_test = lambda x: any(x.shape == t.shape and torch.equal(x, t) for t, _ in test)
+    monkeypatch.setattr(train, "evaluate", scoring(lambda x: 0.2 if is_test(x) else 1.0))
+    r = train.train(config.replace(out_dir=str(tmp_path / "stubbed")))
+    assert (r["ended"], r["steps"], r["test_acc"], r["valid_acc"]) == (
+        "target_reached", 4, pytest.approx(0.2), 1.0)
+
+
+@pytest.mark.parametrize("overrides,name", [
+    (dict(train_segments="64:4:100"), "train_segments"),             # longer than seq_len
+    (dict(test_slices="32:9:10"), "test_slices"),                    # D does not fit N
+    (dict(test_slices=","), "test_slices"),                          # an empty slice list
+    (dict(train_segments="32:2"), "train_segments"),                 # not N:D:examples
+    (dict(train_segments="32:2:10,32:2:5"), "train_segments"),       # an (N, D) twice
+    (dict(train_segments="32:2:10", num_train=64), "num_train"),     # examples twice
+    (dict(test_slices="32:2:10", num_test=64), "num_test"),
+    (dict(fillers="official"), "fillers"), (dict(segment_passes=0), "segment_passes"),
+    (dict(task="lm", test_slices="32:2:10"), "train_segments")])
+def test_bad_segments_and_slices_are_refused_before_anything_trains(overrides, name):
+    with pytest.raises(ValueError, match=rf"^{name}=.*not allowed"):
+        train.check_config(small_config(**{"num_train": 100_000, "num_test": 3_000,
+                                           **overrides}))
+
+
 def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch):
     """shuffle=False (the official DataLoader): batches in order, a partial last batch,
     the same order every epoch; budget_steps stops mid-schedule."""
