@@ -2921,40 +2921,63 @@ def check_shape(build, B, T, d):
     return "pass", f"(B, T, d) = {(B, T, d)} in and out, float32 and float64"
 
 
-def check_causal(build, B, T, d):
-    """An edit of the input at position t changes no output before t, to 1e-12 in float64 (an
-    FFT convolution spreads rounding over every position), and changes some output at t or
-    after (the last position excepted: the random selection control may drop its row)."""
-    m, x, noise = build(F64).eval(), _inputs(B, T, d, F64), _inputs(B, T, d, F64, seed=1)
-    edits, largest = sorted({0, min(7, T - 1), T // 2, T - 1}), 0.0
+def edit_changes(mixer, x, noise):
+    """(T, T): [t, s] the largest change of mixer's output at position s (over the batch and
+    the channels) when the input at position t alone is edited (noise[:, t] added to it),
+    every forward seeded alike (seeded_forward: dropout draws the same mask)."""
     with torch.no_grad():
-        y = seeded_forward(m, x)
-        for t in edits:
+        y, changes = seeded_forward(mixer, x), []
+        for t in range(x.shape[1]):
             x2 = x.clone()
             x2[:, t] += noise[:, t]
-            y2 = seeded_forward(m, x2)
-            change = (y2 - y).abs().amax(dim=(0, 2))                         # (T,)
-            leaks = (change[:t] > 1e-12).nonzero()
-            if len(leaks):
-                s = int(leaks[0])
-                return "fail", (f"an edit at t={t} changes the output at t={s} by "
-                                f"{change[s].item():.2g}: it leaks from the future "
-                                "(allowed: 1e-12)")
-            largest = max(largest, change[:t].max().item() if t else 0.0)
-            if t < T - 1 and torch.allclose(y[:, t:], y2[:, t:]):
-                return "fail", f"an edit at t={t} changes no output at t or after"
-    return "pass", (f"edits at t = {', '.join(map(str, edits))} change no earlier output "
-                    f"(largest change {largest:.1g}, allowed 1e-12)")
+            changes.append((seeded_forward(mixer, x2) - y).abs().amax(dim=(0, 2)))  # (T,)
+    return torch.stack(changes)
+
+
+def check_causal(build, B, T, d):
+    """An edit of the input at any one position t changes no output before t, to 1e-12 in
+    float64 (an FFT convolution spreads rounding over every position), in eval mode and in
+    train mode, the mode training runs it in (a BatchNorm reads the future there only). Every
+    position is edited in turn: a leak into one position alone (a reflect-padded convolution
+    reads positions 1 and 2 at 0) shows. An edit in the first half must change some output at
+    t or after (the second half is exempt: a shift, or the random selection control, may drop
+    the last rows)."""
+    x, noise, largest = _inputs(B, T, d, F64), _inputs(B, T, d, F64, seed=1), 0.0
+    for mode in ("eval", "train"):
+        change = edit_changes(build(F64).train(mode == "train"), x, noise)         # (T, T)
+        leaks = (change.tril(-1) > 1e-12).nonzero().tolist()     # [t, s], s < t, by t then s
+        if leaks:
+            (t, s), shown = leaks[0], ", ".join(f"{t} -> {s}" for t, s in leaks[:6])
+            more = f", ... ({len(leaks):,} in all)" if len(leaks) > 6 else ""
+            return "fail", (f"in {mode} mode, an edit at t={t} changes the output at t={s} by "
+                            f"{change[t, s].item():.2g}: it leaks from the future (allowed "
+                            f"1e-12); every leak (edit -> earlier output): {shown}{more}")
+        dead = [t for t in range(T // 2) if not change[t, t:].max() > 1e-12]
+        if dead:
+            return "fail", (f"in {mode} mode, an edit at t={dead[0]} changes no output at t "
+                            "or after")
+        largest = max(largest, change.tril(-1).max().item())
+    return "pass", (f"edits at all {T} positions change no earlier output, eval and train "
+                    f"mode (largest change {largest:.1g}, allowed 1e-12)")
 
 
 def check_batch_rows(build, B, T, d):
-    """Row 0's output does not change when the batch's other rows do (to 1e-12, float64)."""
-    m, x = build(F64).eval(), _inputs(B, T, d, F64)
+    """Row 0's output does not change when the batch's other rows do (to 1e-12, float64), in
+    eval mode and in train mode (a BatchNorm mixes the rows there only), both forwards seeded
+    alike."""
+    x = _inputs(B, T, d, F64)
     x2 = torch.cat([x[:1], _inputs(B - 1, T, d, F64, seed=1)])
-    with torch.no_grad():
-        change = (seeded_forward(m, x2)[0] - seeded_forward(m, x)[0]).abs().max().item()
-    return ("pass" if change <= 1e-12 else "fail",
-            f"the other rows changed, row 0's output changes by {change:.1g} (allowed 1e-12)")
+    largest = 0.0
+    for mode in ("eval", "train"):
+        m = build(F64).train(mode == "train")
+        with torch.no_grad():
+            change = (seeded_forward(m, x2)[0] - seeded_forward(m, x)[0]).abs().max().item()
+        if change > 1e-12:
+            return "fail", (f"in {mode} mode, the other rows changed, row 0's output changes by "
+                            f"{change:.2g} (allowed 1e-12)")
+        largest = max(largest, change)
+    return "pass", (f"the other rows changed, row 0's output changes by {largest:.1g}, eval and "
+                    "train mode (allowed 1e-12)")
 
 
 def check_gradients(build, B, T, d):

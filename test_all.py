@@ -618,7 +618,10 @@ def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, mon
     assert {status for status, _ in contract("layers.py:GLA").values()} == {"pass"}
     assert contract("layers.py:GLA")["step"][1].startswith("largest difference from forward ")
     status, measured = contract("layers.py:Leaky")["causal"]
-    assert status == "fail" and measured.startswith("an edit at t=7 changes the output at t=6 ")
+    assert status == "fail" and measured.startswith(
+        "in eval mode, an edit at t=1 changes the output at t=0 ")
+    assert measured.endswith("every leak (edit -> earlier output): 1 -> 0, 2 -> 1, 3 -> 2, "
+                             "4 -> 3, 5 -> 4, 6 -> 5, ... (23 in all)"), measured
     assert contract("layers.py:Undercount")["state_size"] == (
         "fail", "after t = 1, 2, 5, 24 tokens: state_size 16, 16, 16, 16; step carries 256, "
                 "256, 256, 256")
@@ -636,7 +639,7 @@ def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, mon
     # the table prints every check with what it measured; the exit status
     for entry, status, shown in [
             ("layers.py:GLA", 0, "largest difference from forward"),
-            ("layers.py:Leaky", 1, "an edit at t=7 changes the output at t=6"),
+            ("layers.py:Leaky", 1, "an edit at t=1 changes the output at t=0"),
             ("layers.py:Undercount", 1, "state_size 16, 16, 16, 16; step carries 256, 256, 256"),
             ("layers.py:Shift", 0, "absent")]:
         assert mixers.check_command(entry, 16, 24) == status, entry
@@ -654,7 +657,72 @@ def test_python_mixers_py_check_runs_the_contract_on_a_file(tmp_path):
     assert out.returncode == 1, out.stderr
     lines = [line for line in out.stdout.splitlines() if "causal" in line]
     assert len(lines) == 1 and "FAIL" in lines[0]
-    assert "an edit at t=7 changes the output at t=6" in lines[0]
+    assert "an edit at t=1 changes the output at t=0" in lines[0]
+
+
+# layers that the contract let through or misread (issue 50), most on top of the README's GLA
+HOLES_SOURCE = GLA_SOURCE + '''
+import torch.nn.functional as F
+
+
+class Norm(nn.Module):
+    """BatchNorm1d over (B, d, T): in train mode its statistics are the batch's and every
+    position's, so it reads the future and the other rows."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.proj, self.norm = nn.Linear(d_model, d_model), nn.BatchNorm1d(d_model)
+
+    def forward(self, x):
+        return self.norm(self.proj(x).transpose(1, 2)).transpose(1, 2)
+
+
+class Reflect(nn.Module):
+    """A causal convolution of 3 taps padded with mode="reflect": x[2], x[1] pad its left, so
+    the output at t=0 reads positions 1 and 2."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.conv = nn.Conv1d(d_model, d_model, 3, groups=d_model)
+
+    def forward(self, x):
+        return self.conv(F.pad(x.transpose(1, 2), (2, 0), mode="reflect")).transpose(1, 2)
+'''
+
+
+@pytest.fixture
+def holes(tmp_path, monkeypatch):
+    """HOLES_SOURCE as holes.py in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    Path("holes.py").write_text(HOLES_SOURCE)
+
+
+def test_the_contract_runs_causal_and_batch_rows_in_train_mode_too(holes):
+    """BatchNorm1d over (B, d, T) keeps the contract in eval mode (running statistics) and
+    breaks it in train mode, the mode it trains in: an edit at t changes earlier outputs,
+    other rows change row 0. A layer with dropout is not a leak: every forward is seeded."""
+    results = contract("holes.py:Norm")
+    status, measured = results["causal"]
+    assert status == "fail" and measured.startswith(
+        "in train mode, an edit at t=1 changes the output at t=0 by "), measured
+    status, measured = results["batch rows"]
+    assert status == "fail" and measured.startswith(
+        "in train mode, the other rows changed, row 0's output changes by "), measured
+    dropout = contract("attention:dropout=0.5")
+    assert dropout["causal"][0] == dropout["batch rows"][0] == "pass", dropout
+
+
+def test_the_contract_edits_every_position_and_names_each_leak(holes):
+    """A reflect-padded convolution leaks positions 1 and 2 into position 0 only: the causal
+    check edits every position and lists every leak (edited position -> earlier output)."""
+    status, measured = contract("holes.py:Reflect")["causal"]
+    assert status == "fail", measured
+    assert measured.startswith("in eval mode, an edit at t=1 changes the output at t=0 by ")
+    assert measured.endswith("every leak (edit -> earlier output): 1 -> 0, 2 -> 0"), measured
+    status, measured = contract("holes.py:GLA")["causal"]
+    assert (status, measured) == ("pass", "edits at all 24 positions change no earlier "
+                                          "output, eval and train mode (largest change 0, "
+                                          "allowed 1e-12)")
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
@@ -762,8 +830,8 @@ def test_a_mixer_of_your_own_that_cannot_load_is_refused_in_one_line(text, entry
 
 
 @pytest.mark.parametrize("cls, message", [
-    ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: an edit at "
-              "t=7 changes the output at t=6 "),
+    ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: in eval "
+              "mode, an edit at t=1 changes the output at t=0 "),
     ("Wide", r"fails the mixer contract's shape check at d_model=16, seq_len=16: \(B, T, d\) = "
              r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out")])
 def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, message, tmp_path,
