@@ -53,8 +53,9 @@ The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, 
 official forms alike):
   forward(x)          x (B, T, d) -> y (B, T, d), causal: y[:, t] depends on x[:, :t+1] only.
   step(x_t, state)    x_t (B, d); state=None starts a sequence; returns (y_t, new_state)
-                      with y_t == forward(x)[:, t]. The state is a tuple of tensors whose
-                      leading dimension is B.
+                      with y_t == forward(x)[:, t]. The state holds tensors whose leading
+                      dimension is B: a tuple of them in the mixers here; in a mixer of your
+                      own a tensor, or tuples, lists and dicts of them, nested.
   state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0):
                       the paper's "recall vs memory" axis.
 One rule for every mixer: state_size counts everything `step` carries to the next token,
@@ -176,9 +177,19 @@ def mixer_fact(mixer, fact):
     return getattr(mixer, fact, getattr(Mixer, fact))
 
 
+def state_leaves(state):
+    """What a state holds, flattened: a state is a tensor, or tuples, lists and dicts of them,
+    nested (a user writes any; the mixers here keep tuples)."""
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        return [leaf for part in state for leaf in state_leaves(part)]
+    return [state]
+
+
 def state_numel(state):
-    """Numbers per sequence in a state (a tuple of tensors with batch as dimension 0)."""
-    return sum(s[0].numel() for s in state)
+    """Numbers per sequence in a state (state_leaves: tensors with batch as dimension 0)."""
+    return sum(s[0].numel() for s in state_leaves(state))
 
 
 # ----------------------------------------------------------------------------------------
@@ -3015,7 +3026,8 @@ def check_step(build, B, T, d):
 
 def check_state_size(build, B, T, d):
     """state_size(t) equals the numbers per sequence that `step` carries after t tokens
-    (state_numel of a tuple of tensors with batch first), and is 0 before the first token."""
+    (state_numel: its tensors, batch first, in any structure of state_leaves), and is 0
+    before the first token."""
     m = build(F64).eval()
     if not callable(getattr(m, "state_size", None)):
         return "absent", "no state_size"
@@ -3025,12 +3037,11 @@ def check_state_size(build, B, T, d):
         _, states = seeded_steps(m, _inputs(B, T, d, F64))
     ts = sorted({1, 2, 5, T} & set(range(1, T + 1)))
     for t in ts:
-        state = states[t - 1]
-        if not (isinstance(state, tuple) and all(isinstance(s, torch.Tensor) and s.ndim
-                                                 and s.shape[0] == B for s in state)):
-            shapes = ([tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
-                       for s in state] if isinstance(state, tuple) else type(state).__name__)
-            return "fail", (f"the state after t={t} is {shapes}, not a tuple of tensors with "
+        leaves = state_leaves(states[t - 1])
+        if not all(isinstance(s, torch.Tensor) and s.ndim and s.shape[0] == B for s in leaves):
+            shapes = [tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+                      for s in leaves]
+            return "fail", (f"the state after t={t} holds {shapes}, not only tensors with "
                             f"batch (B={B}) first")
     claimed, carried = [m.state_size(t) for t in ts], [state_numel(states[t - 1]) for t in ts]
     measured = (f"after t = {', '.join(map(str, ts))} tokens: state_size "

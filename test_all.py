@@ -687,6 +687,22 @@ class Reflect(nn.Module):
 
     def forward(self, x):
         return self.conv(F.pad(x.transpose(1, 2), (2, 0), mode="reflect")).transpose(1, 2)
+
+
+class BareState(GLA):
+    """Its state is the (B, d, d) tensor S itself."""
+
+    def step(self, x_t, state=None):
+        y, (S,) = super().step(x_t, None if state is None else (state,))
+        return y, S
+
+
+class NestedState(GLA):
+    """Its state is a dict of a list: {"S": [S]}."""
+
+    def step(self, x_t, state=None):
+        y, (S,) = super().step(x_t, None if state is None else (state["S"][0],))
+        return y, {"S": [S]}
 '''
 
 
@@ -723,6 +739,18 @@ def test_the_contract_edits_every_position_and_names_each_leak(holes):
     assert (status, measured) == ("pass", "edits at all 24 positions change no earlier "
                                           "output, eval and train mode (largest change 0, "
                                           "allowed 1e-12)")
+
+
+def test_the_contract_counts_a_state_of_any_structure(holes):
+    """A state is a tensor, or tuples, lists and dicts of them, nested (mixers.state_leaves):
+    state_size is checked against the numbers it holds, whatever its structure."""
+    for entry in ("holes.py:BareState", "holes.py:NestedState"):
+        assert contract(entry)["state_size"] == (
+            "pass", "after t = 1, 2, 5, 24 tokens: state_size 256, 256, 256, 256; step carries "
+                    "256, 256, 256, 256"), entry
+    S, h = torch.zeros(3, 4, 4), torch.zeros(3, 5)
+    assert mixers.state_numel({"S": [S], "conv": (h, {"x": h})}) == 16 + 5 + 5
+    assert mixers.state_numel(S) == 16 and mixers.state_numel(()) == 0
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
