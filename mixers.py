@@ -3007,7 +3007,8 @@ def check_gradients(build, B, T, d):
 
 def check_step(build, B, T, d):
     """`step`, token by token from state=None, equals forward: to 1e-10 in float64, 1e-5 in
-    float32 (absolute and relative)."""
+    float32 (absolute and relative), both; where it does not, the first position where step
+    departs is named (a chunked form wrong from its second chunk on departs at chunk_size)."""
     if not callable(getattr(build(F64), "step", None)):
         return "absent", "no step: the layer runs over whole sequences only"
     ok, differences = True, []
@@ -3018,9 +3019,11 @@ def check_step(build, B, T, d):
         if ys.shape != y.shape:
             return "fail", (f"step's outputs stack to {tuple(ys.shape)}, forward's are "
                             f"{tuple(y.shape)}")
-        ok &= torch.allclose(ys, y, atol=tol, rtol=tol)
+        close = torch.isclose(ys, y, atol=tol, rtol=tol).all(dim=2).all(dim=0)      # (T,)
+        ok &= bool(close.all())
+        departs = f"; departs first at t = {int((~close).nonzero()[0])}" if not close.all() else ""
         differences.append(f"{(ys - y).abs().max().item():.2g} in {_dtype(dtype)} "
-                           f"(tolerance {tol:g})")
+                           f"(tolerance {tol:g}{departs})")
     return "pass" if ok else "fail", "largest difference from forward " + ", ".join(differences)
 
 

@@ -703,6 +703,20 @@ class NestedState(GLA):
     def step(self, x_t, state=None):
         y, (S,) = super().step(x_t, None if state is None else (state["S"][0],))
         return y, {"S": [S]}
+
+
+class Chunked(GLA):
+    """A chunked form that forgets the state at each chunk of 16: wrong from t = 16 on."""
+
+    def forward(self, x):
+        return torch.cat([super(Chunked, self).forward(c) for c in x.split(16, 1)], 1)
+
+
+class Nudged(GLA):
+    """Its forward is off by 1e-6: within float32's tolerance, not float64's."""
+
+    def forward(self, x):
+        return super().forward(x) + 1e-6
 '''
 
 
@@ -751,6 +765,20 @@ def test_the_contract_counts_a_state_of_any_structure(holes):
     S, h = torch.zeros(3, 4, 4), torch.zeros(3, 5)
     assert mixers.state_numel({"S": [S], "conv": (h, {"x": h})}) == 16 + 5 + 5
     assert mixers.state_numel(S) == 16 and mixers.state_numel(()) == 0
+
+
+def test_the_step_check_names_the_first_position_where_step_departs(holes):
+    """A chunked form wrong from its second chunk on: the step check says t = 16."""
+    status, measured = contract("holes.py:Chunked")["step"]
+    assert status == "fail" and "departs first at t = 16" in measured, measured
+
+
+def test_the_step_check_holds_in_every_dtype_not_only_the_last(holes):
+    """A difference of 1e-6 is within float32's tolerance (1e-5) and fails float64's."""
+    status, measured = contract("holes.py:Nudged")["step"]
+    assert status == "fail", measured
+    assert re.search(r"1e-06 in float64 \(tolerance 1e-10; departs first at t = 0\)", measured)
+    assert measured.endswith("1e-06 in float32 (tolerance 1e-05)"), measured     # float32 holds
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
