@@ -115,6 +115,7 @@ import importlib
 import inspect
 import math
 import sys
+import traceback
 import types
 from collections import namedtuple
 from pathlib import Path
@@ -3088,15 +3089,17 @@ CONTRACT = {"shape": check_shape, "causal": check_causal, "batch rows": check_ba
 
 
 def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRACT),
-                wrap=None):
+                wrap=None, tracebacks=False):
     """The mixer contract on mixer `name` (parse_mixer's: a key of MIXERS or "source:Class")
     built as build_mixer(name, d_model, seq_len, **options), each check on a fresh copy with
     the same weights (torch's CPU generator seeded for the build, the caller's given back):
     one Clause(check, status, measured) per check of CONTRACT (or `checks`). status is "pass",
     "fail" or "absent" (step and state_size are optional); an exception is a "fail" that
-    names it. A mixer that cannot be built raises a ValueError before any check. `wrap`, if
-    given, is applied to each copy before its check (the lab's GPU check moves the layer to
-    a GPU behind the checks' CPU inputs: experiments/gpu_check.py)."""
+    names it and the line of your code it came from (_raised), its whole traceback printed
+    to stderr with `tracebacks` (--check --traceback). A mixer that cannot be built raises a
+    ValueError before any check. `wrap`, if given, is applied to each copy before its check
+    (the lab's GPU check moves the layer to a GPU behind the checks' CPU inputs:
+    experiments/gpu_check.py)."""
     options = options or {}
     check_positive("d_model", d_model)
     check_positive("seq_len", seq_len)
@@ -3107,6 +3110,12 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
             mixer = build_mixer(name, d_model, seq_len, **options).to(dtype)
         return wrap(mixer) if wrap else mixer
 
+    def shown(error, what):
+        if tracebacks:
+            print(f"{what} raised:", file=sys.stderr)
+            traceback.print_exception(error)
+        return _raised(error)
+
     try:
         build(torch.float32)
     except ValueError:
@@ -3114,13 +3123,13 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
     except Exception as e:
         raise ValueError(f"mixer={name!r} is not allowed: building it as {name}(d_model="
                          f"{d_model}, seq_len={seq_len}, **{options}) raised "
-                         f"{type(e).__name__}: {_first_line(e)}") from None
+                         f"{shown(e, 'building it')}") from None
     results = []
     for check in checks:
         try:
             status, measured = CONTRACT[check](build, CONTRACT_BATCH, seq_len, d_model)
         except Exception as e:
-            status, measured = "fail", f"raised {type(e).__name__}: {_first_line(e)}"
+            status, measured = "fail", f"raised {shown(e, f'the {check} check')}"
         results.append(Clause(check, status, measured))
     return results
 
@@ -3129,17 +3138,30 @@ def _first_line(error):
     return (str(error).strip().splitlines() or [""])[0]
 
 
-def check_command(entry, d_model=64, seq_len=64):
-    """`python mixers.py --check MIXER`: check_mixer on MIXER (a `mixer` setting's entry,
-    parse_mixer) as a table. Returns the exit status: 1 when a check fails, 2 when the mixer
-    cannot be loaded or built (the error on stderr), else 0 (step and state_size absent
-    included)."""
+def _raised(error):
+    """An exception in one line: its type, its message's first line and where it was raised
+    in your code, the innermost frame outside torch and outside this file (a mixer of your
+    own, or what it calls), else outside torch (a mixer here)."""
+    torch_dir, here = Path(torch.__file__).parent.resolve(), Path(__file__).resolve()
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if torch_dir not in Path(f.filename).resolve().parents]
+    frame = next((f for f in reversed(frames) if Path(f.filename).resolve() != here),
+                 frames[-1] if frames else None)
+    at = f", at {frame.filename}:{frame.lineno} in {frame.name}" if frame else ""
+    return f"{type(error).__name__}: {_first_line(error)}{at}"
+
+
+def check_command(entry, d_model=64, seq_len=64, tracebacks=False):
+    """`python mixers.py --check MIXER [--traceback]`: check_mixer on MIXER (a `mixer`
+    setting's entry, parse_mixer) as a table, each exception's traceback on stderr with
+    `tracebacks`. Returns the exit status: 1 when a check fails, 2 when the mixer cannot be
+    loaded or built (the error on stderr), else 0 (step and state_size absent included)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
     try:
         name, options = parse_mixer(entry)
-        results = check_mixer(name, options, d_model, seq_len)
+        results = check_mixer(name, options, d_model, seq_len, tracebacks=tracebacks)
     except ValueError as e:
         print(f"mixers.py: {e}", file=sys.stderr)
         return 2
@@ -3160,6 +3182,8 @@ if __name__ == "__main__":
                              "package.module:Class or a name of MIXERS, with :key=value options")
     parser.add_argument("--d_model", type=int, default=64, help="d of --check (default 64)")
     parser.add_argument("--seq_len", type=int, default=64, help="T of --check (default 64)")
+    parser.add_argument("--traceback", action="store_true",
+                        help="print the whole traceback of each exception --check meets")
     args = parser.parse_args()
     try:
         for key in ("d_model", "seq_len"):
@@ -3167,7 +3191,7 @@ if __name__ == "__main__":
     except ValueError as error:
         parser.error(str(error))
     if args.check:
-        sys.exit(check_command(args.check, args.d_model, args.seq_len))
+        sys.exit(check_command(args.check, args.d_model, args.seq_len, args.traceback))
     else:
         for name, cls in MIXERS.items():
             m = cls(64, 64)

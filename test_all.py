@@ -717,6 +717,11 @@ class Nudged(GLA):
 
     def forward(self, x):
         return super().forward(x) + 1e-6
+
+
+class Raises(GLA):
+    def forward(self, x):
+        return self.out_proj(x[..., 1:])                   # d - 1 channels: raises in torch
 '''
 
 
@@ -779,6 +784,23 @@ def test_the_step_check_holds_in_every_dtype_not_only_the_last(holes):
     assert status == "fail", measured
     assert re.search(r"1e-06 in float64 \(tolerance 1e-10; departs first at t = 0\)", measured)
     assert measured.endswith("1e-06 in float32 (tolerance 1e-05)"), measured     # float32 holds
+
+
+def test_an_exception_in_your_layer_names_its_file_and_line(holes):
+    """The check that an exception fails names the innermost line of the user's file it
+    passed through; --traceback prints the whole traceback (stderr), the table as before."""
+    line = HOLES_SOURCE.splitlines().index(
+        "        return self.out_proj(x[..., 1:])                   # d - 1 channels: raises "
+        "in torch") + 1
+    status, measured = contract("holes.py:Raises")["shape"]
+    assert status == "fail" and measured.startswith("raised RuntimeError: "), measured
+    assert measured.endswith(f", at holes.py:{line} in forward"), measured
+    out = subprocess.run([sys.executable, str(REPO / "mixers.py"), "--check",
+                          "holes.py:Raises", "--d_model=8", "--seq_len=8", "--traceback"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and f"holes.py:{line} in forward" in out.stdout, out.stdout
+    assert "Traceback (most recent call last)" in out.stderr, out.stderr
+    assert f'File "holes.py", line {line}, in forward' in out.stderr, out.stderr
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
