@@ -2876,7 +2876,7 @@ def parse_mixer(entry):
 
 CONTRACT_BATCH = 3     # B of every check (3, not 2: a batch-first state is not told from heads=2)
 F64 = torch.float64    # what must hold exactly is checked in float64
-Clause = namedtuple("Clause", "check status measured")      # status "pass", "fail" or "absent"
+Clause = namedtuple("Clause", "check status measured")   # "pass", "fail", "absent", "skipped"
 
 
 def token_ids(x, c=4):
@@ -3094,7 +3094,8 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
     built as build_mixer(name, d_model, seq_len, **options), each check on a fresh copy with
     the same weights (torch's CPU generator seeded for the build, the caller's given back):
     one Clause(check, status, measured) per check of CONTRACT (or `checks`). status is "pass",
-    "fail" or "absent" (step and state_size are optional); an exception is a "fail" that
+    "fail", "absent" (step and state_size are optional) or "skipped" (every check after a
+    failed shape check: each reads a (B, T, d) output); an exception is a "fail" that
     names it and the line of your code it came from (_raised), its whole traceback printed
     to stderr with `tracebacks` (--check --traceback). A mixer that cannot be built raises a
     ValueError before any check. `wrap`, if given, is applied to each copy before its check
@@ -3126,6 +3127,10 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
                          f"{shown(e, 'building it')}") from None
     results = []
     for check in checks:
+        if any(r.check == "shape" and r.status == "fail" for r in results):
+            results.append(Clause(check, "skipped", "the shape check failed: this check reads "
+                                                    "a (B, T, d) output"))
+            continue
         try:
             status, measured = CONTRACT[check](build, CONTRACT_BATCH, seq_len, d_model)
         except Exception as e:
@@ -3168,7 +3173,7 @@ def check_command(entry, d_model=64, seq_len=64, tracebacks=False):
     table = Table("check", "result", "measured", title=f"the mixer contract on {entry}, "
                   f"d_model={d_model}, seq_len={seq_len}, B={CONTRACT_BATCH}")
     marks = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]",
-             "absent": "[yellow]absent[/yellow]"}
+             "absent": "[yellow]absent[/yellow]", "skipped": "[yellow]skipped[/yellow]"}
     for r in results:
         table.add_row(r.check, marks[r.status], escape(r.measured))
     Console(width=None if sys.stdout.isatty() else 160).print(table)

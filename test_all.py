@@ -722,6 +722,13 @@ class Nudged(GLA):
 class Raises(GLA):
     def forward(self, x):
         return self.out_proj(x[..., 1:])                   # d - 1 channels: raises in torch
+
+
+class Pair(GLA):
+    """Returns (y, an auxiliary loss), not y."""
+
+    def forward(self, x):
+        return super().forward(x), 0.0
 '''
 
 
@@ -801,6 +808,17 @@ def test_an_exception_in_your_layer_names_its_file_and_line(holes):
     assert out.returncode == 1 and f"holes.py:{line} in forward" in out.stdout, out.stdout
     assert "Traceback (most recent call last)" in out.stderr, out.stderr
     assert f'File "holes.py", line {line}, in forward' in out.stderr, out.stderr
+
+
+def test_after_a_shape_failure_the_later_checks_are_skipped(holes, capsys):
+    """A layer that returns (y, loss) fails the shape check; every later check, which reads a
+    (B, T, d) output, is skipped and says why, instead of failing on the tuple."""
+    results = contract("holes.py:Pair")
+    assert results.pop("shape") == ("fail", "(B, T, d) = (3, 24, 16) float32 in, a tuple out")
+    assert set(results.values()) == {("skipped", "the shape check failed: this check reads a "
+                                                 "(B, T, d) output")}, results
+    assert mixers.check_command("holes.py:Pair", 16, 24) == 1
+    assert capsys.readouterr().out.count("skipped") == len(mixers.CONTRACT) - 1
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
