@@ -2993,15 +2993,16 @@ def check_batch_rows(build, B, T, d):
 
 
 def check_gradients(build, B, T, d):
-    """Every parameter gets a nonzero gradient from the output (float32, training mode)."""
+    """Every parameter gets a gradient from the output with a nonzero number in it (float32,
+    training mode): one of zeros, as 0 · p has, reaches nothing."""
     m = build(torch.float32)
     seeded_forward(m, _inputs(B, T, d, torch.float32)).square().sum().backward()
     params = dict(m.named_parameters())
     without = [name for name, p in params.items()
                if p.grad is None or not p.grad.abs().sum() > 0]
     if without:
-        return "fail", (f"{len(without)} of {len(params)} parameters get no gradient: "
-                        f"{', '.join(without)}")
+        return "fail", (f"{len(without)} of {len(params)} parameters get no gradient (none, "
+                        f"or all zeros): {', '.join(without)}")
     return "pass", (f"all {len(params)} parameters "
                     f"({sum(p.numel() for p in params.values()):,} numbers) get a gradient")
 

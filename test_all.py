@@ -629,7 +629,8 @@ def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, mon
     # (its count of calls changes every output between two forwards: causal fails too)
     assert {k for k, (status, _) in sloppy.items() if status == "fail"} == {
         "causal", "batch rows", "gradients", "step", "deterministic", "device"}
-    assert sloppy["gradients"][1] == "1 of 7 parameters get no gradient: unused"
+    assert sloppy["gradients"][1] == ("1 of 7 parameters get no gradient (none, or all "
+                                      "zeros): unused")
     assert sloppy["deterministic"][1] == "two forwards differ by 1"
     assert "meta" in sloppy["device"][1] and "cpu" in sloppy["device"][1]
     shift = contract("layers.py:Shift:shift=2")
@@ -729,6 +730,24 @@ class Pair(GLA):
 
     def forward(self, x):
         return super().forward(x), 0.0
+
+
+class Counted(GLA):
+    """Counts d·d numbers before the first token too."""
+
+    def state_size(self, t):
+        return self.out_proj.in_features ** 2
+
+
+class Frozen(GLA):
+    """Adds 0 · a parameter: its gradient is all zeros."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__(d_model, seq_len)
+        self.scale = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        return super().forward(x) + 0 * self.scale
 '''
 
 
@@ -819,6 +838,44 @@ def test_after_a_shape_failure_the_later_checks_are_skipped(holes, capsys):
                                                  "(B, T, d) output")}, results
     assert mixers.check_command("holes.py:Pair", 16, 24) == 1
     assert capsys.readouterr().out.count("skipped") == len(mixers.CONTRACT) - 1
+
+
+def test_state_size_must_be_0_before_the_first_token(holes):
+    """state_size(0) is 0: before the first token a mixer holds nothing."""
+    assert contract("holes.py:Counted")["state_size"] == (
+        "fail", "after t = 1, 2, 5, 24 tokens: state_size 256, 256, 256, 256; step carries "
+                "256, 256, 256, 256; state_size(0) = 256, not 0")
+
+
+def test_a_parameter_whose_gradient_is_all_zeros_is_not_reached(holes):
+    """The gradients check counts a parameter reached where its gradient has a nonzero
+    number, not where it has a gradient at all (0 · p has one, of zeros)."""
+    assert contract("holes.py:Frozen")["gradients"] == (
+        "fail", "1 of 7 parameters get no gradient (none, or all zeros): scale")
+
+
+def test_training_checks_a_mixer_of_your_own_again_when_its_file_changes(tmp_path,
+                                                                         monkeypatch):
+    """train.check_outside_mixers remembers the contract's verdict per version of the file
+    (train._FAILED is keyed by its digest): a file fixed after it failed trains, a file broken
+    after it passed is refused."""
+    monkeypatch.chdir(tmp_path)
+    leaky = GLA_SOURCE + '''
+
+class GLA(GLA):
+    def forward(self, x):                                  # reads the next token too
+        return super().forward(x + torch.cat([x[:, 1:], x[:, :1] * 0], 1))
+'''
+    for path, versions in [("fixed.py", (leaky, GLA_SOURCE)), ("broken.py", (GLA_SOURCE, leaky))]:
+        for text in versions:
+            Path(path).write_text(text)
+            make = lambda: train.make_config(mixer=f"{path}:GLA", d_model=16, seq_len=16,
+                                             num_kv_pairs=2, vocab_size=64)
+            if text is leaky:
+                with pytest.raises(ValueError, match="fails the mixer contract's causal check"):
+                    make()
+            else:
+                assert make().mixer_source == f"{path}={mixers.source_digest(text)}"
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
