@@ -70,13 +70,15 @@ counts 2·d_model·d_state (the recurrent state at expand 2, no convolution); so
 on Figure 2's state axis are not all measured alike.
 
 The mixer contract, the interface above as checks, is one function, check_mixer: (B, T, d)
-in and out in float32 and float64, causal, the rows of a batch independent, a gradient for
-every parameter, step == forward, state_size == the numbers step carries, deterministic in
-eval mode, and forward and step on PyTorch's meta device. test_all.py runs it on every mixer
-here; `python mixers.py --check path/to/file.py:Class` runs it on a mixer of your own: any
-nn.Module built as Class(d_model, seq_len, **options), named by its path wherever a mixer is
-named ("my/gla.py:GLA", "mypackage.gla:GLA", options after it: split_mixer's grammar), its
-step and state_size optional, the facts of Mixer's docstring Mixer's where it does not say.
+in and out in float32 and float64, causal at every position and the rows of a batch
+independent (in eval and in train mode), a gradient for every parameter, step == forward,
+state_size == the numbers step carries, deterministic in eval mode, and forward and step on
+PyTorch's meta device (what it does not check, its docstring says). test_all.py runs it on
+every mixer here; `python mixers.py --check path/to/file.py:Class` runs it on a mixer of
+your own: any nn.Module built as Class(d_model, seq_len, **options), named by its path
+wherever a mixer is named ("my/gla.py:GLA", "mypackage.gla:GLA", options after it:
+split_mixer's grammar), its step and state_size optional, the facts of Mixer's docstring
+Mixer's where it does not say.
 
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
@@ -3101,7 +3103,18 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
     to stderr with `tracebacks` (--check --traceback). A mixer that cannot be built raises a
     ValueError before any check. `wrap`, if given, is applied to each copy before its check
     (the lab's GPU check moves the layer to a GPU behind the checks' CPU inputs:
-    experiments/gpu_check.py)."""
+    experiments/gpu_check.py).
+
+    What the contract does not check: a real GPU ("device" runs on PyTorch's meta device,
+    shapes without numbers: no CUDA kernel runs; the lab's --gpu_check runs the other checks
+    on one); precisions other than float32 and float64 (bfloat16, float16, autocast); sizes
+    other than one (B = 3, T = seq_len, d = d_model), so neither numerical stability at long
+    lengths nor step past seq_len; inputs other than one random draw (a leak behind a branch
+    that draw does not take passes) and, for a mixer that takes token ids, one fixed draw of
+    ids, never edited (a leak through the ids passes); that gradients are right (only that
+    each is nonzero); step, state_size and determinism in train mode (causal, batch rows and
+    gradients run in it); state_size at t other than 1, 2, 5 and T; memory; speed; whether
+    the layer learns anything (training does)."""
     options = options or {}
     check_positive("d_model", d_model)
     check_positive("seq_len", seq_len)
