@@ -53,8 +53,9 @@ The interface every mixer follows (`MIXERS[name](d_model, seq_len, **options)`, 
 official forms alike):
   forward(x)          x (B, T, d) -> y (B, T, d), causal: y[:, t] depends on x[:, :t+1] only.
   step(x_t, state)    x_t (B, d); state=None starts a sequence; returns (y_t, new_state)
-                      with y_t == forward(x)[:, t]. The state is a tuple of tensors whose
-                      leading dimension is B.
+                      with y_t == forward(x)[:, t]. The state holds tensors whose leading
+                      dimension is B: a tuple of them in the mixers here; in a mixer of your
+                      own a tensor, or tuples, lists and dicts of them, nested.
   state_size(t)       numbers per sequence that the state holds after t tokens (0 for t=0):
                       the paper's "recall vs memory" axis.
 One rule for every mixer: state_size counts everything `step` carries to the next token,
@@ -69,13 +70,15 @@ counts 2·d_model·d_state (the recurrent state at expand 2, no convolution); so
 on Figure 2's state axis are not all measured alike.
 
 The mixer contract, the interface above as checks, is one function, check_mixer: (B, T, d)
-in and out in float32 and float64, causal, the rows of a batch independent, a gradient for
-every parameter, step == forward, state_size == the numbers step carries, deterministic in
-eval mode, and forward and step on PyTorch's meta device. test_all.py runs it on every mixer
-here; `python mixers.py --check path/to/file.py:Class` runs it on a mixer of your own: any
-nn.Module built as Class(d_model, seq_len, **options), named by its path wherever a mixer is
-named ("my/gla.py:GLA", "mypackage.gla:GLA", options after it: split_mixer's grammar), its
-step and state_size optional, the facts of Mixer's docstring Mixer's where it does not say.
+in and out in float32 and float64, causal at every position and the rows of a batch
+independent (in eval and in train mode), a gradient for every parameter, step == forward,
+state_size == the numbers step carries, deterministic in eval mode, and forward and step on
+PyTorch's meta device (what it does not check, its docstring says). test_all.py runs it on
+every mixer here; `python mixers.py --check path/to/file.py:Class` runs it on a mixer of
+your own: any nn.Module built as Class(d_model, seq_len, **options), named by its path
+wherever a mixer is named ("my/gla.py:GLA", "mypackage.gla:GLA", options after it:
+split_mixer's grammar), its step and state_size optional, the facts of Mixer's docstring
+Mixer's where it does not say.
 
 The math lives in pure functions on tensors (`causal_conv(u, h, impl, state)`,
 `hyena_operator(ps, v, hs, impl, state)`, `retention_recurrent(q, k, v, gamma, state)`, ...);
@@ -114,6 +117,7 @@ import importlib
 import inspect
 import math
 import sys
+import traceback
 import types
 from collections import namedtuple
 from pathlib import Path
@@ -176,9 +180,19 @@ def mixer_fact(mixer, fact):
     return getattr(mixer, fact, getattr(Mixer, fact))
 
 
+def state_leaves(state):
+    """What a state holds, flattened: a state is a tensor, or tuples, lists and dicts of them,
+    nested (a user writes any; the mixers here keep tuples)."""
+    if isinstance(state, dict):
+        state = list(state.values())
+    if isinstance(state, (tuple, list)):
+        return [leaf for part in state for leaf in state_leaves(part)]
+    return [state]
+
+
 def state_numel(state):
-    """Numbers per sequence in a state (a tuple of tensors with batch as dimension 0)."""
-    return sum(s[0].numel() for s in state)
+    """Numbers per sequence in a state (state_leaves: tensors with batch as dimension 0)."""
+    return sum(s[0].numel() for s in state_leaves(state))
 
 
 # ----------------------------------------------------------------------------------------
@@ -2864,7 +2878,7 @@ def parse_mixer(entry):
 
 CONTRACT_BATCH = 3     # B of every check (3, not 2: a batch-first state is not told from heads=2)
 F64 = torch.float64    # what must hold exactly is checked in float64
-Clause = namedtuple("Clause", "check status measured")      # status "pass", "fail" or "absent"
+Clause = namedtuple("Clause", "check status measured")   # "pass", "fail", "absent", "skipped"
 
 
 def token_ids(x, c=4):
@@ -2921,59 +2935,84 @@ def check_shape(build, B, T, d):
     return "pass", f"(B, T, d) = {(B, T, d)} in and out, float32 and float64"
 
 
-def check_causal(build, B, T, d):
-    """An edit of the input at position t changes no output before t, to 1e-12 in float64 (an
-    FFT convolution spreads rounding over every position), and changes some output at t or
-    after (the last position excepted: the random selection control may drop its row)."""
-    m, x, noise = build(F64).eval(), _inputs(B, T, d, F64), _inputs(B, T, d, F64, seed=1)
-    edits, largest = sorted({0, min(7, T - 1), T // 2, T - 1}), 0.0
+def edit_changes(mixer, x, noise):
+    """(T, T): [t, s] the largest change of mixer's output at position s (over the batch and
+    the channels) when the input at position t alone is edited (noise[:, t] added to it),
+    every forward seeded alike (seeded_forward: dropout draws the same mask)."""
     with torch.no_grad():
-        y = seeded_forward(m, x)
-        for t in edits:
+        y, changes = seeded_forward(mixer, x), []
+        for t in range(x.shape[1]):
             x2 = x.clone()
             x2[:, t] += noise[:, t]
-            y2 = seeded_forward(m, x2)
-            change = (y2 - y).abs().amax(dim=(0, 2))                         # (T,)
-            leaks = (change[:t] > 1e-12).nonzero()
-            if len(leaks):
-                s = int(leaks[0])
-                return "fail", (f"an edit at t={t} changes the output at t={s} by "
-                                f"{change[s].item():.2g}: it leaks from the future "
-                                "(allowed: 1e-12)")
-            largest = max(largest, change[:t].max().item() if t else 0.0)
-            if t < T - 1 and torch.allclose(y[:, t:], y2[:, t:]):
-                return "fail", f"an edit at t={t} changes no output at t or after"
-    return "pass", (f"edits at t = {', '.join(map(str, edits))} change no earlier output "
-                    f"(largest change {largest:.1g}, allowed 1e-12)")
+            changes.append((seeded_forward(mixer, x2) - y).abs().amax(dim=(0, 2)))  # (T,)
+    return torch.stack(changes)
+
+
+def check_causal(build, B, T, d):
+    """An edit of the input at any one position t changes no output before t, to 1e-12 in
+    float64 (an FFT convolution spreads rounding over every position), in eval mode and in
+    train mode, the mode training runs it in (a BatchNorm reads the future there only). Every
+    position is edited in turn: a leak into one position alone (a reflect-padded convolution
+    reads positions 1 and 2 at 0) shows. An edit in the first half must change some output at
+    t or after (the second half is exempt: a shift, or the random selection control, may drop
+    the last rows)."""
+    x, noise, largest = _inputs(B, T, d, F64), _inputs(B, T, d, F64, seed=1), 0.0
+    for mode in ("eval", "train"):
+        change = edit_changes(build(F64).train(mode == "train"), x, noise)         # (T, T)
+        leaks = (change.tril(-1) > 1e-12).nonzero().tolist()     # [t, s], s < t, by t then s
+        if leaks:
+            (t, s), shown = leaks[0], ", ".join(f"{t} -> {s}" for t, s in leaks[:6])
+            more = f", ... ({len(leaks):,} in all)" if len(leaks) > 6 else ""
+            return "fail", (f"in {mode} mode, an edit at t={t} changes the output at t={s} by "
+                            f"{change[t, s].item():.2g}: it leaks from the future (allowed "
+                            f"1e-12); every leak (edit -> earlier output): {shown}{more}")
+        dead = [t for t in range(T // 2) if not change[t, t:].max() > 1e-12]
+        if dead:
+            return "fail", (f"in {mode} mode, an edit at t={dead[0]} changes no output at t "
+                            "or after")
+        largest = max(largest, change.tril(-1).max().item())
+    return "pass", (f"edits at all {T} positions change no earlier output, eval and train "
+                    f"mode (largest change {largest:.1g}, allowed 1e-12)")
 
 
 def check_batch_rows(build, B, T, d):
-    """Row 0's output does not change when the batch's other rows do (to 1e-12, float64)."""
-    m, x = build(F64).eval(), _inputs(B, T, d, F64)
+    """Row 0's output does not change when the batch's other rows do (to 1e-12, float64), in
+    eval mode and in train mode (a BatchNorm mixes the rows there only), both forwards seeded
+    alike."""
+    x = _inputs(B, T, d, F64)
     x2 = torch.cat([x[:1], _inputs(B - 1, T, d, F64, seed=1)])
-    with torch.no_grad():
-        change = (seeded_forward(m, x2)[0] - seeded_forward(m, x)[0]).abs().max().item()
-    return ("pass" if change <= 1e-12 else "fail",
-            f"the other rows changed, row 0's output changes by {change:.1g} (allowed 1e-12)")
+    largest = 0.0
+    for mode in ("eval", "train"):
+        m = build(F64).train(mode == "train")
+        with torch.no_grad():
+            change = (seeded_forward(m, x2)[0] - seeded_forward(m, x)[0]).abs().max().item()
+        if change > 1e-12:
+            return "fail", (f"in {mode} mode, the other rows changed, row 0's output changes by "
+                            f"{change:.2g} (allowed 1e-12)")
+        largest = max(largest, change)
+    return "pass", (f"the other rows changed, row 0's output changes by {largest:.1g}, eval and "
+                    "train mode (allowed 1e-12)")
 
 
 def check_gradients(build, B, T, d):
-    """Every parameter gets a nonzero gradient from the output (float32, training mode)."""
+    """Every parameter gets a gradient from the output with a nonzero number in it (float32,
+    training mode): one of zeros, as 0 · p has, reaches nothing."""
     m = build(torch.float32)
     seeded_forward(m, _inputs(B, T, d, torch.float32)).square().sum().backward()
     params = dict(m.named_parameters())
     without = [name for name, p in params.items()
                if p.grad is None or not p.grad.abs().sum() > 0]
     if without:
-        return "fail", (f"{len(without)} of {len(params)} parameters get no gradient: "
-                        f"{', '.join(without)}")
+        return "fail", (f"{len(without)} of {len(params)} parameters get no gradient (none, "
+                        f"or all zeros): {', '.join(without)}")
     return "pass", (f"all {len(params)} parameters "
                     f"({sum(p.numel() for p in params.values()):,} numbers) get a gradient")
 
 
 def check_step(build, B, T, d):
     """`step`, token by token from state=None, equals forward: to 1e-10 in float64, 1e-5 in
-    float32 (absolute and relative)."""
+    float32 (absolute and relative), both; where it does not, the first position where step
+    departs is named (a chunked form wrong from its second chunk on departs at chunk_size)."""
     if not callable(getattr(build(F64), "step", None)):
         return "absent", "no step: the layer runs over whole sequences only"
     ok, differences = True, []
@@ -2984,15 +3023,18 @@ def check_step(build, B, T, d):
         if ys.shape != y.shape:
             return "fail", (f"step's outputs stack to {tuple(ys.shape)}, forward's are "
                             f"{tuple(y.shape)}")
-        ok &= torch.allclose(ys, y, atol=tol, rtol=tol)
+        close = torch.isclose(ys, y, atol=tol, rtol=tol).all(dim=2).all(dim=0)      # (T,)
+        ok &= bool(close.all())
+        departs = f"; departs first at t = {int((~close).nonzero()[0])}" if not close.all() else ""
         differences.append(f"{(ys - y).abs().max().item():.2g} in {_dtype(dtype)} "
-                           f"(tolerance {tol:g})")
+                           f"(tolerance {tol:g}{departs})")
     return "pass" if ok else "fail", "largest difference from forward " + ", ".join(differences)
 
 
 def check_state_size(build, B, T, d):
     """state_size(t) equals the numbers per sequence that `step` carries after t tokens
-    (state_numel of a tuple of tensors with batch first), and is 0 before the first token."""
+    (state_numel: its tensors, batch first, in any structure of state_leaves), and is 0
+    before the first token."""
     m = build(F64).eval()
     if not callable(getattr(m, "state_size", None)):
         return "absent", "no state_size"
@@ -3002,12 +3044,11 @@ def check_state_size(build, B, T, d):
         _, states = seeded_steps(m, _inputs(B, T, d, F64))
     ts = sorted({1, 2, 5, T} & set(range(1, T + 1)))
     for t in ts:
-        state = states[t - 1]
-        if not (isinstance(state, tuple) and all(isinstance(s, torch.Tensor) and s.ndim
-                                                 and s.shape[0] == B for s in state)):
-            shapes = ([tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
-                       for s in state] if isinstance(state, tuple) else type(state).__name__)
-            return "fail", (f"the state after t={t} is {shapes}, not a tuple of tensors with "
+        leaves = state_leaves(states[t - 1])
+        if not all(isinstance(s, torch.Tensor) and s.ndim and s.shape[0] == B for s in leaves):
+            shapes = [tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+                      for s in leaves]
+            return "fail", (f"the state after t={t} holds {shapes}, not only tensors with "
                             f"batch (B={B}) first")
     claimed, carried = [m.state_size(t) for t in ts], [state_numel(states[t - 1]) for t in ts]
     measured = (f"after t = {', '.join(map(str, ts))} tokens: state_size "
@@ -3051,15 +3092,29 @@ CONTRACT = {"shape": check_shape, "causal": check_causal, "batch rows": check_ba
 
 
 def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRACT),
-                wrap=None):
+                wrap=None, tracebacks=False):
     """The mixer contract on mixer `name` (parse_mixer's: a key of MIXERS or "source:Class")
     built as build_mixer(name, d_model, seq_len, **options), each check on a fresh copy with
     the same weights (torch's CPU generator seeded for the build, the caller's given back):
     one Clause(check, status, measured) per check of CONTRACT (or `checks`). status is "pass",
-    "fail" or "absent" (step and state_size are optional); an exception is a "fail" that
-    names it. A mixer that cannot be built raises a ValueError before any check. `wrap`, if
-    given, is applied to each copy before its check (the lab's GPU check moves the layer to
-    a GPU behind the checks' CPU inputs: experiments/gpu_check.py)."""
+    "fail", "absent" (step and state_size are optional) or "skipped" (every check after a
+    failed shape check: each reads a (B, T, d) output); an exception is a "fail" that
+    names it and the line of your code it came from (_raised), its whole traceback printed
+    to stderr with `tracebacks` (--check --traceback). A mixer that cannot be built raises a
+    ValueError before any check. `wrap`, if given, is applied to each copy before its check
+    (the lab's GPU check moves the layer to a GPU behind the checks' CPU inputs:
+    experiments/gpu_check.py).
+
+    What the contract does not check: a real GPU ("device" runs on PyTorch's meta device,
+    shapes without numbers: no CUDA kernel runs; the lab's --gpu_check runs the other checks
+    on one); precisions other than float32 and float64 (bfloat16, float16, autocast); sizes
+    other than one (B = 3, T = seq_len, d = d_model), so neither numerical stability at long
+    lengths nor step past seq_len; inputs other than one random draw (a leak behind a branch
+    that draw does not take passes) and, for a mixer that takes token ids, one fixed draw of
+    ids, never edited (a leak through the ids passes); that gradients are right (only that
+    each is nonzero); step, state_size and determinism in train mode (causal, batch rows and
+    gradients run in it); state_size at t other than 1, 2, 5 and T; memory; speed; whether
+    the layer learns anything (training does)."""
     options = options or {}
     check_positive("d_model", d_model)
     check_positive("seq_len", seq_len)
@@ -3070,6 +3125,12 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
             mixer = build_mixer(name, d_model, seq_len, **options).to(dtype)
         return wrap(mixer) if wrap else mixer
 
+    def shown(error, what):
+        if tracebacks:
+            print(f"{what} raised:", file=sys.stderr)
+            traceback.print_exception(error)
+        return _raised(error)
+
     try:
         build(torch.float32)
     except ValueError:
@@ -3077,13 +3138,17 @@ def check_mixer(name, options=None, d_model=64, seq_len=64, checks=tuple(CONTRAC
     except Exception as e:
         raise ValueError(f"mixer={name!r} is not allowed: building it as {name}(d_model="
                          f"{d_model}, seq_len={seq_len}, **{options}) raised "
-                         f"{type(e).__name__}: {_first_line(e)}") from None
+                         f"{shown(e, 'building it')}") from None
     results = []
     for check in checks:
+        if any(r.check == "shape" and r.status == "fail" for r in results):
+            results.append(Clause(check, "skipped", "the shape check failed: this check reads "
+                                                    "a (B, T, d) output"))
+            continue
         try:
             status, measured = CONTRACT[check](build, CONTRACT_BATCH, seq_len, d_model)
         except Exception as e:
-            status, measured = "fail", f"raised {type(e).__name__}: {_first_line(e)}"
+            status, measured = "fail", f"raised {shown(e, f'the {check} check')}"
         results.append(Clause(check, status, measured))
     return results
 
@@ -3092,24 +3157,37 @@ def _first_line(error):
     return (str(error).strip().splitlines() or [""])[0]
 
 
-def check_command(entry, d_model=64, seq_len=64):
-    """`python mixers.py --check MIXER`: check_mixer on MIXER (a `mixer` setting's entry,
-    parse_mixer) as a table. Returns the exit status: 1 when a check fails, 2 when the mixer
-    cannot be loaded or built (the error on stderr), else 0 (step and state_size absent
-    included)."""
+def _raised(error):
+    """An exception in one line: its type, its message's first line and where it was raised
+    in your code, the innermost frame outside torch and outside this file (a mixer of your
+    own, or what it calls), else outside torch (a mixer here)."""
+    torch_dir, here = Path(torch.__file__).parent.resolve(), Path(__file__).resolve()
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if torch_dir not in Path(f.filename).resolve().parents]
+    frame = next((f for f in reversed(frames) if Path(f.filename).resolve() != here),
+                 frames[-1] if frames else None)
+    at = f", at {frame.filename}:{frame.lineno} in {frame.name}" if frame else ""
+    return f"{type(error).__name__}: {_first_line(error)}{at}"
+
+
+def check_command(entry, d_model=64, seq_len=64, tracebacks=False):
+    """`python mixers.py --check MIXER [--traceback]`: check_mixer on MIXER (a `mixer`
+    setting's entry, parse_mixer) as a table, each exception's traceback on stderr with
+    `tracebacks`. Returns the exit status: 1 when a check fails, 2 when the mixer cannot be
+    loaded or built (the error on stderr), else 0 (step and state_size absent included)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
     try:
         name, options = parse_mixer(entry)
-        results = check_mixer(name, options, d_model, seq_len)
+        results = check_mixer(name, options, d_model, seq_len, tracebacks=tracebacks)
     except ValueError as e:
         print(f"mixers.py: {e}", file=sys.stderr)
         return 2
     table = Table("check", "result", "measured", title=f"the mixer contract on {entry}, "
                   f"d_model={d_model}, seq_len={seq_len}, B={CONTRACT_BATCH}")
     marks = {"pass": "[green]pass[/green]", "fail": "[red]FAIL[/red]",
-             "absent": "[yellow]absent[/yellow]"}
+             "absent": "[yellow]absent[/yellow]", "skipped": "[yellow]skipped[/yellow]"}
     for r in results:
         table.add_row(r.check, marks[r.status], escape(r.measured))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
@@ -3123,6 +3201,8 @@ if __name__ == "__main__":
                              "package.module:Class or a name of MIXERS, with :key=value options")
     parser.add_argument("--d_model", type=int, default=64, help="d of --check (default 64)")
     parser.add_argument("--seq_len", type=int, default=64, help="T of --check (default 64)")
+    parser.add_argument("--traceback", action="store_true",
+                        help="print the whole traceback of each exception --check meets")
     args = parser.parse_args()
     try:
         for key in ("d_model", "seq_len"):
@@ -3130,7 +3210,7 @@ if __name__ == "__main__":
     except ValueError as error:
         parser.error(str(error))
     if args.check:
-        sys.exit(check_command(args.check, args.d_model, args.seq_len))
+        sys.exit(check_command(args.check, args.d_model, args.seq_len, args.traceback))
     else:
         for name, cls in MIXERS.items():
             m = cls(64, 64)

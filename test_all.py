@@ -642,7 +642,10 @@ def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, mon
     assert {status for status, _ in contract("layers.py:GLA").values()} == {"pass"}
     assert contract("layers.py:GLA")["step"][1].startswith("largest difference from forward ")
     status, measured = contract("layers.py:Leaky")["causal"]
-    assert status == "fail" and measured.startswith("an edit at t=7 changes the output at t=6 ")
+    assert status == "fail" and measured.startswith(
+        "in eval mode, an edit at t=1 changes the output at t=0 ")
+    assert measured.endswith("every leak (edit -> earlier output): 1 -> 0, 2 -> 1, 3 -> 2, "
+                             "4 -> 3, 5 -> 4, 6 -> 5, ... (23 in all)"), measured
     assert contract("layers.py:Undercount")["state_size"] == (
         "fail", "after t = 1, 2, 5, 24 tokens: state_size 16, 16, 16, 16; step carries 256, "
                 "256, 256, 256")
@@ -650,7 +653,8 @@ def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, mon
     # (its count of calls changes every output between two forwards: causal fails too)
     assert {k for k, (status, _) in sloppy.items() if status == "fail"} == {
         "causal", "batch rows", "gradients", "step", "deterministic", "device"}
-    assert sloppy["gradients"][1] == "1 of 7 parameters get no gradient: unused"
+    assert sloppy["gradients"][1] == ("1 of 7 parameters get no gradient (none, or all "
+                                      "zeros): unused")
     assert sloppy["deterministic"][1] == "two forwards differ by 1"
     assert "meta" in sloppy["device"][1] and "cpu" in sloppy["device"][1]
     shift = contract("layers.py:Shift:shift=2")
@@ -660,7 +664,7 @@ def test_the_contract_on_mixers_of_your_own_names_what_each_breaks(tmp_path, mon
     # the table prints every check with what it measured; the exit status
     for entry, status, shown in [
             ("layers.py:GLA", 0, "largest difference from forward"),
-            ("layers.py:Leaky", 1, "an edit at t=7 changes the output at t=6"),
+            ("layers.py:Leaky", 1, "an edit at t=1 changes the output at t=0"),
             ("layers.py:Undercount", 1, "state_size 16, 16, 16, 16; step carries 256, 256, 256"),
             ("layers.py:Shift", 0, "absent")]:
         assert mixers.check_command(entry, 16, 24) == status, entry
@@ -678,7 +682,224 @@ def test_python_mixers_py_check_runs_the_contract_on_a_file(tmp_path):
     assert out.returncode == 1, out.stderr
     lines = [line for line in out.stdout.splitlines() if "causal" in line]
     assert len(lines) == 1 and "FAIL" in lines[0]
-    assert "an edit at t=7 changes the output at t=6" in lines[0]
+    assert "an edit at t=1 changes the output at t=0" in lines[0]
+
+
+# layers that the contract let through or misread (issue 50), most on top of the README's GLA
+HOLES_SOURCE = GLA_SOURCE + '''
+import torch.nn.functional as F
+
+
+class Norm(nn.Module):
+    """BatchNorm1d over (B, d, T): in train mode its statistics are the batch's and every
+    position's, so it reads the future and the other rows."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.proj, self.norm = nn.Linear(d_model, d_model), nn.BatchNorm1d(d_model)
+
+    def forward(self, x):
+        return self.norm(self.proj(x).transpose(1, 2)).transpose(1, 2)
+
+
+class Reflect(nn.Module):
+    """A causal convolution of 3 taps padded with mode="reflect": x[2], x[1] pad its left, so
+    the output at t=0 reads positions 1 and 2."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        self.conv = nn.Conv1d(d_model, d_model, 3, groups=d_model)
+
+    def forward(self, x):
+        return self.conv(F.pad(x.transpose(1, 2), (2, 0), mode="reflect")).transpose(1, 2)
+
+
+class BareState(GLA):
+    """Its state is the (B, d, d) tensor S itself."""
+
+    def step(self, x_t, state=None):
+        y, (S,) = super().step(x_t, None if state is None else (state,))
+        return y, S
+
+
+class NestedState(GLA):
+    """Its state is a dict of a list: {"S": [S]}."""
+
+    def step(self, x_t, state=None):
+        y, (S,) = super().step(x_t, None if state is None else (state["S"][0],))
+        return y, {"S": [S]}
+
+
+class Chunked(GLA):
+    """A chunked form that forgets the state at each chunk of 16: wrong from t = 16 on."""
+
+    def forward(self, x):
+        return torch.cat([super(Chunked, self).forward(c) for c in x.split(16, 1)], 1)
+
+
+class Nudged(GLA):
+    """Its forward is off by 1e-6: within float32's tolerance, not float64's."""
+
+    def forward(self, x):
+        return super().forward(x) + 1e-6
+
+
+class Raises(GLA):
+    def forward(self, x):
+        return self.out_proj(x[..., 1:])                   # d - 1 channels: raises in torch
+
+
+class Pair(GLA):
+    """Returns (y, an auxiliary loss), not y."""
+
+    def forward(self, x):
+        return super().forward(x), 0.0
+
+
+class Counted(GLA):
+    """Counts d·d numbers before the first token too."""
+
+    def state_size(self, t):
+        return self.out_proj.in_features ** 2
+
+
+class Frozen(GLA):
+    """Adds 0 · a parameter: its gradient is all zeros."""
+
+    def __init__(self, d_model, seq_len):
+        super().__init__(d_model, seq_len)
+        self.scale = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        return super().forward(x) + 0 * self.scale
+'''
+
+
+@pytest.fixture
+def holes(tmp_path, monkeypatch):
+    """HOLES_SOURCE as holes.py in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    Path("holes.py").write_text(HOLES_SOURCE)
+
+
+def test_the_contract_runs_causal_and_batch_rows_in_train_mode_too(holes):
+    """BatchNorm1d over (B, d, T) keeps the contract in eval mode (running statistics) and
+    breaks it in train mode, the mode it trains in: an edit at t changes earlier outputs,
+    other rows change row 0. A layer with dropout is not a leak: every forward is seeded."""
+    results = contract("holes.py:Norm")
+    status, measured = results["causal"]
+    assert status == "fail" and measured.startswith(
+        "in train mode, an edit at t=1 changes the output at t=0 by "), measured
+    status, measured = results["batch rows"]
+    assert status == "fail" and measured.startswith(
+        "in train mode, the other rows changed, row 0's output changes by "), measured
+    dropout = contract("attention:dropout=0.5")
+    assert dropout["causal"][0] == dropout["batch rows"][0] == "pass", dropout
+
+
+def test_the_contract_edits_every_position_and_names_each_leak(holes):
+    """A reflect-padded convolution leaks positions 1 and 2 into position 0 only: the causal
+    check edits every position and lists every leak (edited position -> earlier output)."""
+    status, measured = contract("holes.py:Reflect")["causal"]
+    assert status == "fail", measured
+    assert measured.startswith("in eval mode, an edit at t=1 changes the output at t=0 by ")
+    assert measured.endswith("every leak (edit -> earlier output): 1 -> 0, 2 -> 0"), measured
+    status, measured = contract("holes.py:GLA")["causal"]
+    assert (status, measured) == ("pass", "edits at all 24 positions change no earlier "
+                                          "output, eval and train mode (largest change 0, "
+                                          "allowed 1e-12)")
+
+
+def test_the_contract_counts_a_state_of_any_structure(holes):
+    """A state is a tensor, or tuples, lists and dicts of them, nested (mixers.state_leaves):
+    state_size is checked against the numbers it holds, whatever its structure."""
+    for entry in ("holes.py:BareState", "holes.py:NestedState"):
+        assert contract(entry)["state_size"] == (
+            "pass", "after t = 1, 2, 5, 24 tokens: state_size 256, 256, 256, 256; step carries "
+                    "256, 256, 256, 256"), entry
+    S, h = torch.zeros(3, 4, 4), torch.zeros(3, 5)
+    assert mixers.state_numel({"S": [S], "conv": (h, {"x": h})}) == 16 + 5 + 5
+    assert mixers.state_numel(S) == 16 and mixers.state_numel(()) == 0
+
+
+def test_the_step_check_names_the_first_position_where_step_departs(holes):
+    """A chunked form wrong from its second chunk on: the step check says t = 16."""
+    status, measured = contract("holes.py:Chunked")["step"]
+    assert status == "fail" and "departs first at t = 16" in measured, measured
+
+
+def test_the_step_check_holds_in_every_dtype_not_only_the_last(holes):
+    """A difference of 1e-6 is within float32's tolerance (1e-5) and fails float64's."""
+    status, measured = contract("holes.py:Nudged")["step"]
+    assert status == "fail", measured
+    assert re.search(r"1e-06 in float64 \(tolerance 1e-10; departs first at t = 0\)", measured)
+    assert measured.endswith("1e-06 in float32 (tolerance 1e-05)"), measured     # float32 holds
+
+
+def test_an_exception_in_your_layer_names_its_file_and_line(holes):
+    """The check that an exception fails names the innermost line of the user's file it
+    passed through; --traceback prints the whole traceback (stderr), the table as before."""
+    line = HOLES_SOURCE.splitlines().index(
+        "        return self.out_proj(x[..., 1:])                   # d - 1 channels: raises "
+        "in torch") + 1
+    status, measured = contract("holes.py:Raises")["shape"]
+    assert status == "fail" and measured.startswith("raised RuntimeError: "), measured
+    assert measured.endswith(f", at holes.py:{line} in forward"), measured
+    out = subprocess.run([sys.executable, str(REPO / "mixers.py"), "--check",
+                          "holes.py:Raises", "--d_model=8", "--seq_len=8", "--traceback"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and f"holes.py:{line} in forward" in out.stdout, out.stdout
+    assert "Traceback (most recent call last)" in out.stderr, out.stderr
+    assert f'File "holes.py", line {line}, in forward' in out.stderr, out.stderr
+
+
+def test_after_a_shape_failure_the_later_checks_are_skipped(holes, capsys):
+    """A layer that returns (y, loss) fails the shape check; every later check, which reads a
+    (B, T, d) output, is skipped and says why, instead of failing on the tuple."""
+    results = contract("holes.py:Pair")
+    assert results.pop("shape") == ("fail", "(B, T, d) = (3, 24, 16) float32 in, a tuple out")
+    assert set(results.values()) == {("skipped", "the shape check failed: this check reads a "
+                                                 "(B, T, d) output")}, results
+    assert mixers.check_command("holes.py:Pair", 16, 24) == 1
+    assert capsys.readouterr().out.count("skipped") == len(mixers.CONTRACT) - 1
+
+
+def test_state_size_must_be_0_before_the_first_token(holes):
+    """state_size(0) is 0: before the first token a mixer holds nothing."""
+    assert contract("holes.py:Counted")["state_size"] == (
+        "fail", "after t = 1, 2, 5, 24 tokens: state_size 256, 256, 256, 256; step carries "
+                "256, 256, 256, 256; state_size(0) = 256, not 0")
+
+
+def test_a_parameter_whose_gradient_is_all_zeros_is_not_reached(holes):
+    """The gradients check counts a parameter reached where its gradient has a nonzero
+    number, not where it has a gradient at all (0 · p has one, of zeros)."""
+    assert contract("holes.py:Frozen")["gradients"] == (
+        "fail", "1 of 7 parameters get no gradient (none, or all zeros): scale")
+
+
+def test_training_checks_a_mixer_of_your_own_again_when_its_file_changes(tmp_path,
+                                                                         monkeypatch):
+    """train.check_outside_mixers remembers the contract's verdict per version of the file
+    (train._FAILED is keyed by its digest): a file fixed after it failed trains, a file broken
+    after it passed is refused."""
+    monkeypatch.chdir(tmp_path)
+    leaky = GLA_SOURCE + '''
+
+class GLA(GLA):
+    def forward(self, x):                                  # reads the next token too
+        return super().forward(x + torch.cat([x[:, 1:], x[:, :1] * 0], 1))
+'''
+    for path, versions in [("fixed.py", (leaky, GLA_SOURCE)), ("broken.py", (GLA_SOURCE, leaky))]:
+        for text in versions:
+            Path(path).write_text(text)
+            make = lambda: train.make_config(mixer=f"{path}:GLA", d_model=16, seq_len=16,
+                                             num_kv_pairs=2, vocab_size=64)
+            if text is leaky:
+                with pytest.raises(ValueError, match="fails the mixer contract's causal check"):
+                    make()
+            else:
+                assert make().mixer_source == f"{path}={mixers.source_digest(text)}"
 
 
 def test_a_mixer_setting_names_a_mixer_of_your_own_by_its_path(tmp_path, monkeypatch):
@@ -786,8 +1007,8 @@ def test_a_mixer_of_your_own_that_cannot_load_is_refused_in_one_line(text, entry
 
 
 @pytest.mark.parametrize("cls, message", [
-    ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: an edit at "
-              "t=7 changes the output at t=6 "),
+    ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: in eval "
+              "mode, an edit at t=1 changes the output at t=0 "),
     ("Wide", r"fails the mixer contract's shape check at d_model=16, seq_len=16: \(B, T, d\) = "
              r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out")])
 def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, message, tmp_path,
