@@ -205,6 +205,15 @@ def slice_accuracy(record, name):
     return record["test_slices"][name]["acc"] if "test_slices" in record else record["test_acc"]
 
 
+def model_rank(name, sweep, records):
+    """The order of a protocol's rows (cells): its models as the grids of the records'
+    scale list them (sweep_scale), a mixer of your own last, then N and d."""
+    scale = sweep_scale(name, sweep, records)
+    order = model_order(name, {scale: sweep[scale]} if scale else sweep)
+    return lambda r: (r["label"].endswith(" (yours)"), order.get(r["label"], len(order)),
+                      r["seq_len"], r["d_model"])
+
+
 def protocol_table(name, sweep, records=None):
     """--table=NAME of a protocol: a row per cell (model, d; the lr that validation chose),
     the state in both conventions, the mean over slices (validation, test, per-sequence
@@ -214,9 +223,7 @@ def protocol_table(name, sweep, records=None):
     if not records:
         raise ValueError(f"results/{name}/ has no records yet: python -m experiments "
                          f"--sweep={name}")
-    order = model_order(name, sweep)
-    rows = sorted(cells(records), key=lambda r: (order.get(r["label"], len(order)),
-                                                 r["seq_len"], r["d_model"]))
+    rows = sorted(cells(records), key=model_rank(name, sweep, records))
     slices = slices_of(rows[0]["runs"][0])
     longest = trained_length(Config(**rows[0]["runs"][0]["config"]))
     header = ["model", "N", "d", "lr", "state (numbers, trained N)", "state (official bytes)",
@@ -250,8 +257,9 @@ def plot_protocol(name, sweep, records=None, out=None):
                          f"--sweep={name}")
     out = out or f"results/{name}"
     rows, plt = cells(records), pyplot()
-    order = model_order(name, sweep)
-    labels = sorted({r["label"] for r in rows}, key=lambda label: order.get(label, len(order)))
+    rank = model_rank(name, sweep, records)
+    labels = [r["label"] for r in sorted(rows, key=rank)]
+    labels = list(dict.fromkeys(labels))
     markers = model_markers(labels)
     unfinished = any(run["ended"] == "interrupted" for r in rows for run in r["runs"])
     note = ("; hollow: an interrupted run (not finished)" if unfinished else "")

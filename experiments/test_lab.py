@@ -35,7 +35,7 @@ import mqar
 import test_all
 import train
 from experiments import (bench, cli, common, figure2, figure6, figures, frontier, gpu_check, lm,
-                         official, presets)
+                         official, presets, protocols)
 from mqar import multiquery_ar
 from test_all import (F64, GLA_SOURCE, REPO, assert_the_copy_runs_as_the_module, case_ids,
                       make_mixer, model_steps, perturb_, readme_section, small_config, small_model)
@@ -2302,3 +2302,118 @@ def test_main_hands_each_command_to_its_own_function(args, chosen, monkeypatch):
     assert sorted([*(f"{k}={v}" if v else k for k, v in flags.items()), *rest]) == sorted(args)
     assert all(a.split("=")[0] in cli.COMMANDS for a in flags) and not any(
         a.split("=")[0] in cli.COMMANDS for a in rest)
+
+
+# ----------------------------------------------------------------------------------------
+# experiments/protocols.py: MQAR as the field runs it
+
+def test_mqar_standard_at_paper_scale_is_the_official_recipe():
+    """Every paper run is the official recipe (original_mqar_configs.py at d88d6f5: the
+    numbers of protocols.STANDARD_SOURCES): its segments and slices, 707 batches of 256 an
+    epoch (the count PROTOCOLS.md gives for the official DataLoader), 32 epochs, the four
+    lrs, fillers uniform, the model's longest sequence 1024, no positions, 2 layers a short
+    BaseConv then the mixer; the validation split the test's slices, 1,000 examples each."""
+    runs = common.sweep_runs("mqar_standard", protocols.SWEEPS["mqar_standard"], "paper")
+    configs = [presets.make_config(**o) for _, o in runs[::7]]
+    for config in configs:
+        assert train.segments(config, "train") == list(protocols.STANDARD_TRAIN)
+        assert train.segments(config, "test") == train.segments(config, "valid") == \
+            list(protocols.STANDARD_TEST)
+        assert (train.steps_per_epoch(config), config.batch_size, config.max_steps) == (
+            707, 256, 32 * 707)
+        assert (config.eval_every, config.schedule, config.shuffle) == (707, "cosine_epochs",
+                                                                        False)
+        assert (config.vocab_size, config.fillers, config.seq_len, config.n_layers) == (
+            8192, "uniform", 1024, 2)
+        assert (config.weight_decay, config.decay_all, config.target_acc, config.dropout) == (
+            0.1, True, 0.99, 0.1)
+        assert config.layers[0] == ("base_conv", {"kernel_size": 3})
+        assert not train.LanguageModel(config.replace(d_model=8)).pos
+    assert sorted({o["lr"] for _, o in runs}) == [0.001, 0.00316, 0.01, 0.0316]
+    assert {o["label"].split()[0] for _, o in runs} == set(protocols.PROTOCOL_MIXERS)
+
+
+def test_mamba2_harder_is_a_curriculum_over_d_in_batches_of_2_18_tokens():
+    """Each N of the paper grid: D = N/32, N/16, N/8, N/4 in turn, 8 passes of 2^18
+    examples each, batches of 2^18 tokens, tested at D = N/4; d from 32 to 256, three lrs."""
+    runs = common.sweep_runs("mamba2_harder", protocols.SWEEPS["mamba2_harder"], "paper")
+    seen = set()
+    for _, o in runs[::12]:
+        config = presets.make_config(**o)
+        N = config.seq_len
+        seen.add(N)
+        assert train.segments(config, "train") == [(N, N // k, 2**18) for k in (32, 16, 8, 4)]
+        assert config.segment_passes == 8 and config.batch_size * N == 2**18
+        assert train.segments(config, "test") == [(N, N // 4, 1000)]
+    assert seen == {256, 512, 1024}
+    assert sorted({o["d_model"] for _, o in runs}) == [32, 64, 128, 256]
+
+
+def test_state_size_in_both_conventions_is_the_hand_count():
+    """Two attention layers of width 8 keep keys and values, 2·d numbers a token each: per
+    sequence at the longest training length (256) 2·2·8·256; the official bytes at the
+    longest test length (1024), 4 per number: 4·2·2·8·1024."""
+    config = train.make_config(mixer="attention", d_model=8, seq_len=1024,
+                               train_segments="64:4:100,256:16:100",
+                               test_slices="64:4:10,1024:256:10", num_train=100_000)
+    assert protocols.state_columns(config) == (2 * 2 * 8 * 256, 4 * 2 * 2 * 8 * 1024)
+
+
+TINY_PROTOCOL = dict(models={"attention": protocols.STACK.format("attention")}, d_model=[16],
+                     lr=[3e-3], seed=[0], vocab_size=[64], seq_len=[32],
+                     position_embedding=["none"], train_segments=["16:2:32,32:4:16"],
+                     test_slices=["16:2:8,32:4:8,32:8:8"], num_valid=[4], batch_size=[16],
+                     max_steps=[3], eval_every=[3], fillers=["uniform"])
+
+
+def test_a_protocol_tables_and_draws_each_slice_and_your_mixer_beside(tmp_path, monkeypatch,
+                                                                      capsys):
+    """A tiny protocol (segments at N = 16 and 32, slices to D = 8): --table prints each
+    cell's slices (none past training: N = 32 is trained) and the official state bytes;
+    --plot draws the slices and the state, and mamba2_harder's Figure 8 too; --mixer of your
+    own trains yours alone and its row follows the built-ins'; --mixer of a built-in is
+    refused."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("mqar_standard", "mamba2_harder"):
+        monkeypatch.setitem(protocols.SWEEPS[name], "cpu", TINY_PROTOCOL)
+    assert cli.main(["--sweep=mqar_standard"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--table=mqar_standard"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = [cell.strip() for cell in lines[0].split("|")[1:-1]]
+    assert header[-3:] == ["16:2", "32:4", "32:8"] and len(lines) == 3
+    rows = {cells[0]: cells for line in lines[2:]
+            for cells in [[c.strip() for c in line.split("|")[1:-1]]]}
+    records = common.load_records("results/mqar_standard")
+    attention = next(r for r in records if r["config"]["label"] == "attention")
+    assert rows["attention"][-1] == train.acc_text(attention["test_slices"]["32:8"]["acc"])
+    assert rows["attention"][5] == f"{4 * protocols.state_size(train.Config(**attention['config']), 32):,}"
+    assert cli.main(["--plot=mqar_standard"]) == 0
+    for suffix in ("_slices", "_state"):
+        assert (tmp_path / f"results/mqar_standard{suffix}.png").stat().st_size > 10_000
+    (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
+    mine = "--mixer=my_gla.py:GLA"
+    assert cli.main(["--sweep=mqar_standard", mine]) == 0
+    assert len(list((tmp_path / "results/runs/mqar_standard").glob("*.json"))) == 1
+    capsys.readouterr()
+    assert cli.main(["--table=mqar_standard", mine]) == 0
+    labels = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert labels == ["attention", "GLA (yours)"]
+    assert cli.main(["--plot=mqar_standard", mine]) == 0
+    assert (tmp_path / "results/runs/mqar_standard_slices.png").exists()
+    assert cli.main(["--sweep=mqar_standard", "--mixer=gla"]) == 2
+    assert "built-in" in capsys.readouterr().err
+    protocols.plot_protocol("mamba2_harder", TINY_PROTOCOL and {"cpu": TINY_PROTOCOL},
+                            records, out=str(tmp_path / "harder"))
+    assert (tmp_path / "harder.png").stat().st_size > 10_000
+
+
+def test_a_protocol_past_its_training_length_is_marked_in_its_table():
+    """The slices longer than every training sequence are the table's "past training"
+    columns: at cpu scale (512:128) and (1024:256), nothing else."""
+    sweep = protocols.SWEEPS["mqar_standard"]
+    [(_, o), *_] = common.sweep_runs("mqar_standard", sweep, "cpu")
+    record = dict(config=dataclasses.asdict(presets.make_config(**o)))
+    config = train.Config(**record["config"])
+    past = [s for s, N, _ in protocols.slices_of(record) if N > protocols.trained_length(config)]
+    assert past == ["512:128", "1024:256"]
