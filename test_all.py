@@ -578,6 +578,13 @@ class Sloppy(GLA):
         return super().forward(x) + x.mean(0) + self.calls + torch.arange(x.shape[1])[:, None]
 
 
+class OnCpu(GLA):
+    """Makes a tensor on the CPU inside forward: right on a CPU, an error on a GPU."""
+
+    def forward(self, x):
+        return super().forward(x) * torch.ones(x.shape[-1])
+
+
 class Wide(nn.Module):
     """Returns 2d channels."""
 
@@ -765,11 +772,15 @@ def test_a_mixer_of_your_own_that_cannot_load_is_refused_in_one_line(text, entry
     ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: an edit at "
               "t=7 changes the output at t=6 "),
     ("Wide", r"fails the mixer contract's shape check at d_model=16, seq_len=16: \(B, T, d\) = "
-             r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out")])
+             r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out"),
+    ("OnCpu", "fails the mixer contract's device check at d_model=16, seq_len=16: raised "
+              "RuntimeError: .*cpu")])
 def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, message, tmp_path,
                                                                        monkeypatch, capsys):
-    """A layer that reads the future, or returns another shape, is refused before a run
-    trains or writes anything (exit status 2, one line); --check fails it (exit status 1)."""
+    """A layer that reads the future, returns another shape, or makes a tensor on the CPU
+    (which would train here and fail on a GPU: the whole contract runs, the meta-device check
+    included) is refused before a run trains or writes anything (exit status 2, one line);
+    --check fails it (exit status 1)."""
     monkeypatch.chdir(tmp_path)
     Path("layers.py").write_text(BROKEN_SOURCE)
     args = [f"--mixer=layers.py:{cls}", "--d_model=16", "--seq_len=16", "--num_kv_pairs=2",
@@ -2211,6 +2222,34 @@ def test_command_line_settings_parse_to_their_types_and_errors():
                        ("--seed=-1", "^seed=-1 "), ("lr=3", "--key=value")]:
         with pytest.raises(ValueError, match=match):
             train.make_config(**train.parse_arguments([arg]))
+
+
+def test_a_run_that_could_not_train_or_be_saved_is_refused_before_it_trains(tmp_path,
+                                                                           monkeypatch, capsys):
+    """An out_dir that is a file, is under a file or cannot be written in would fail at the
+    first checkpoint, minutes into training; lr = 0 would train nothing; a misspelt mixer is
+    named with the nearest one. Each is one line and exit status 2, before anything trains."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "train", lambda *a: pytest.fail("started training"))
+    Path("taken").write_text("a file")
+    locked = Path("locked")
+    locked.mkdir()
+    locked.chmod(0o555)               # root writes there all the same: then /proc, which no one
+    unwritable = "/proc/zoology_runs" if os.geteuid() == 0 else "locked/runs"
+    for arg, says in [("--out_dir=taken", f"out_dir='taken' is not allowed: {tmp_path}/taken "
+                                          "is a file, not a folder"),
+                      ("--out_dir=taken/runs", f"{tmp_path}/taken is a file"),
+                      (f"--out_dir={unwritable}", f"out_dir='{unwritable}' is not allowed: no "
+                                                  "file can be written in"),
+                      ("--lr=0", "lr=0.0 is not allowed: it must be > 0"),
+                      ("--mixer=atention", "'atention' is not one of attention, .*; did you "
+                                           "mean 'attention'\\?"),
+                      ("--mixer=base_conv:kernel_size=3,gated_delta_net",
+                       "did you mean 'gated_deltanet'\\?")]:
+        assert train.main([arg, "--max_steps=2", "--progress=false"]) == 2, arg
+        err = capsys.readouterr().err
+        assert re.search(says, err) and err.count("\n") == 1, (arg, err)
+    assert sorted(p.name for p in Path().iterdir()) == ["locked", "taken"]
 
 
 def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):
