@@ -3618,7 +3618,7 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check
     prints the README's table (a difference below 1e-6 may print as another small number on
     another machine) and exits 0; the training command writes a record that names the file
-    and its digest."""
+    and its digest, and ends at the test accuracy the README states (and explains)."""
     (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
     section = readme_section("README.md", "Bring your own mixer")
     check, run = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
@@ -3640,6 +3640,9 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
     assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
     assert record["steps"] == 50
+    stated = re.search(r"ends at test accuracy (\.\d{3}), after (\d+) steps", section)
+    assert stated and stated.groups() == (train.acc_text(record["test_acc"]), "50"), stated
+    assert "max_steps" in out.stdout.splitlines()[-1]
 
 
 def test_readme_copy_list_for_attention_matches_its_docstring():
