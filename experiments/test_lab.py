@@ -935,6 +935,45 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
         assert [text.get_text() for text in legend.get_texts()] == ["attention", "h3"]
 
 
+def white_points(ax):
+    """The points of `ax` drawn hollow: its scatter collections filled white, in data units."""
+    return [tuple(p) for c in ax.collections if type(c).__name__ == "PathCollection"
+            and len(c.get_offsets()) and matplotlib.colors.same_color(c.get_facecolors(), "white")
+            for p in c.get_offsets()]
+
+
+def test_an_interrupted_run_is_drawn_unfinished(tmp_path, monkeypatch):
+    """A cell whose run was interrupted is drawn at its accuracy so far, but hollow (a point
+    of the accuracy and the state figure: that model's line leaves its marker out) or hatched
+    (a bar), and each title says what hollow and hatched mean; finished cells stay filled."""
+    monkeypatch.chdir(tmp_path)
+    base = dict(num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
+    cells = [("attention", 32, 32, 0.3), ("attention", 64, 32, 0.4), ("h3", 32, 32, 0.5),
+             ("h3", 64, 32, 0.6), ("attention", 64, 64, 0.7), ("h3", 64, 64, 0.8)]
+    for mixer, d, N, acc in cells:
+        r = fake_record(3e-3, 0, acc, 0.3, mixer=mixer, d_model=d, label=mixer, seq_len=N, **base)
+        r["ended"] = "interrupted" if (mixer, d) == ("attention", 64) else "max_steps"
+        train.save_record(r, train.record_path(train.Config(**r["config"])))
+    drawn = drawn_figures(monkeypatch)
+    figure2.plot_fig2()
+    accuracy, state, _ = drawn
+    lines, bars = accuracy.axes                             # N = 32: by width; N = 64: bars
+    assert [y for _, y in white_points(lines)] == [0.4]
+    [(x, _)] = white_points(lines)
+    assert 64 * 0.9 < x < 64 * 1.1                                      # dodged about d = 64
+    marked = {c.get_label(): list(c.lines[0].get_markevery()) for c in lines.containers}
+    assert marked == {"attention": [0], "h3": [0, 1]}, marked
+    hatches = {c.get_label(): c.patches[0].get_hatch() for c in bars.containers
+               if type(c).__name__ == "BarContainer"}
+    assert hatches == {"attention": "////", "h3": None}, hatches
+    lines = state.axes[0]
+    assert [p[1] for p in white_points(lines)] == [0.4]
+    assert {line.get_label(): list(line.get_markevery()) for line in lines.lines} == {
+        "attention": [0], "h3": [0, 1]}
+    for fig in (accuracy, state):
+        assert figures.UNFINISHED_NOTE in title_of(fig).replace("\n", " "), title_of(fig)
+
+
 def test_a_mixer_of_yours_on_another_sweep_or_unloadable_is_refused(tmp_path, monkeypatch,
                                                                     capsys):
     """--mixer with a sweep other than frontier, a built-in's name, a file that is not there:
