@@ -2262,8 +2262,11 @@ def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):
     for seed in (1, 2):
         train.check_config(config.replace(seed=seed))
     assert config.replace(seed=3).layers == config.layers and len(parsed) == 1
-    assert config.replace(mixer="h3").layers == [("h3", {})] * 2 and len(parsed) == 2
-    assert config.replace(mixer="h3", n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
+    h3 = config.replace(mixer="h3")
+    assert h3.layers == [("h3", {})] * 2 and len(parsed) == 2
+    # n_layers alone changed: parsed again, no stale list of two layers kept
+    assert h3.replace(n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
+    assert config.replace(mixer="h3", n_layers=4).layers == [("h3", {})] * 4 and len(parsed) == 4
 
 
 def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
@@ -3151,6 +3154,30 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     (x, _), *_ = train.make_data(config)
     want = [x[0:16], x[16:32], x[32:40], x[0:16], x[16:32]]
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
+
+
+def test_a_run_ends_budget_steps_only_where_its_budget_cut_the_schedule(tmp_path):
+    """budget_steps below max_steps stops the schedule there, "budget_steps"; a budget at or
+    past max_steps, or none (0), cuts nothing: the run ends at max_steps, "max_steps"."""
+    for budget, steps, ended in ((3, 3, "budget_steps"), (4, 4, "max_steps"),
+                                 (9, 4, "max_steps"), (0, 4, "max_steps")):
+        r = train.train(small_config(max_steps=4, budget_steps=budget, eval_every=50,
+                                     target_acc=1.0, out_dir=str(tmp_path / str(budget))))
+        assert (r["steps"], r["ended"]) == (steps, ended), budget
+
+
+def test_checkpoint_every_0_checkpoints_at_epoch_ends_only(tmp_path, monkeypatch):
+    """checkpoint_every = 0 turns the timed checkpoints off: epochs of 3 steps checkpoint
+    after steps 3 and 6 (not after 7, the last: its record follows); a checkpoint_every of a
+    nanosecond checkpoints after every step but the last."""
+    saved, save = [], train.Checkpoints.save
+    monkeypatch.setattr(train.Checkpoints, "save", lambda self, run: saved.append(run["step"])
+                        or save(self, run))
+    for every, want in ((0, [3, 6]), (1e-9, [1, 2, 3, 4, 5, 6])):
+        saved.clear()
+        train.train(small_config(num_train=48, batch_size=16, max_steps=7, eval_every=50,
+                                 checkpoint_every=every, out_dir=str(tmp_path / str(every))))
+        assert saved == want, every
 
 
 def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
