@@ -2353,7 +2353,13 @@ def test_the_benchmarks_are_the_labs(monkeypatch):
     (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],
      "--launcher is not allowed with --mixer"),
     (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold and --samples are not allowed without"),
-    (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without")])
+    (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without"),
+    # a sweep's, a plot's or a table's settings are its grid's: a --key=value would be ignored
+    (["--sweep=main", "--lr=1e-3"], "'--lr=1e-3' is not allowed with --sweep, --plot or --table"),
+    (["--plot=fig2", "--seed=1"], "'--seed=1' is not allowed with --sweep, --plot or --table"),
+    (["--table=main", "--lr=1e-3"], "'--lr=1e-3' is not allowed with --sweep, --plot or --table"),
+    (["--table=frontier", "--mixer=my_gla.py:GLA", "--seed=1"],
+     "'--seed=1' is not allowed with --sweep, --plot or --table")])
 def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
         args, message, capsys, monkeypatch):
     """Exit status 2 and the message, before anything trains."""
