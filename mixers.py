@@ -112,6 +112,7 @@ Based's compact φ). F is torch.nn.functional; L, as in train.py and theory.py, 
 of layers.
 """
 import argparse
+import difflib
 import hashlib
 import importlib
 import inspect
@@ -2841,9 +2842,11 @@ def parse_mixer(entry):
     themselves are checked where the mixer is built."""
     name, texts = split_mixer(entry)
     if name not in MIXERS and not is_outside(name):
+        close = difflib.get_close_matches(name, MIXERS, n=1)
         raise ValueError(f"mixer={entry!r} is not allowed: {name!r} is not one of "
                          f"{', '.join(MIXERS)}, nor a mixer of your own (path/to/file.py:Class "
-                         "or package.module:Class)")
+                         "or package.module:Class)" + (f"; did you mean {close[0]!r}?" if close
+                                                       else ""))
     options = {key: option_value(text) for key, _, text in (t.partition("=") for t in texts)}
     # the options are those of the class of its form (official or paper): its parameters
     # after the two positional ones, d_model and seq_len

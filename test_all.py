@@ -602,6 +602,13 @@ class Sloppy(GLA):
         return super().forward(x) + x.mean(0) + self.calls + torch.arange(x.shape[1])[:, None]
 
 
+class OnCpu(GLA):
+    """Makes a tensor on the CPU inside forward: right on a CPU, an error on a GPU."""
+
+    def forward(self, x):
+        return super().forward(x) * torch.ones(x.shape[-1])
+
+
 class Wide(nn.Module):
     """Returns 2d channels."""
 
@@ -1010,11 +1017,15 @@ def test_a_mixer_of_your_own_that_cannot_load_is_refused_in_one_line(text, entry
     ("Leaky", "fails the mixer contract's causal check at d_model=16, seq_len=16: in eval "
               "mode, an edit at t=1 changes the output at t=0 "),
     ("Wide", r"fails the mixer contract's shape check at d_model=16, seq_len=16: \(B, T, d\) = "
-             r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out")])
+             r"\(3, 16, 16\) float32 in, \(3, 16, 32\) float32 out"),
+    ("OnCpu", "fails the mixer contract's device check at d_model=16, seq_len=16: raised "
+              "RuntimeError: .*cpu")])
 def test_training_refuses_a_mixer_of_your_own_that_breaks_the_contract(cls, message, tmp_path,
                                                                        monkeypatch, capsys):
-    """A layer that reads the future, or returns another shape, is refused before a run
-    trains or writes anything (exit status 2, one line); --check fails it (exit status 1)."""
+    """A layer that reads the future, returns another shape, or makes a tensor on the CPU
+    (which would train here and fail on a GPU: the whole contract runs, the meta-device check
+    included) is refused before a run trains or writes anything (exit status 2, one line);
+    --check fails it (exit status 1)."""
     monkeypatch.chdir(tmp_path)
     Path("layers.py").write_text(BROKEN_SOURCE)
     args = [f"--mixer=layers.py:{cls}", "--d_model=16", "--seq_len=16", "--num_kv_pairs=2",
@@ -2458,6 +2469,34 @@ def test_command_line_settings_parse_to_their_types_and_errors():
             train.make_config(**train.parse_arguments([arg]))
 
 
+def test_a_run_that_could_not_train_or_be_saved_is_refused_before_it_trains(tmp_path,
+                                                                           monkeypatch, capsys):
+    """An out_dir that is a file, is under a file or cannot be written in would fail at the
+    first checkpoint, minutes into training; lr = 0 would train nothing; a misspelt mixer is
+    named with the nearest one. Each is one line and exit status 2, before anything trains."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "train", lambda *a: pytest.fail("started training"))
+    Path("taken").write_text("a file")
+    locked = Path("locked")
+    locked.mkdir()
+    locked.chmod(0o555)               # root writes there all the same: then /proc, which no one
+    unwritable = "/proc/zoology_runs" if os.geteuid() == 0 else "locked/runs"
+    for arg, says in [("--out_dir=taken", f"out_dir='taken' is not allowed: {tmp_path}/taken "
+                                          "is a file, not a folder"),
+                      ("--out_dir=taken/runs", f"{tmp_path}/taken is a file"),
+                      (f"--out_dir={unwritable}", f"out_dir='{unwritable}' is not allowed: no "
+                                                  "file can be written in"),
+                      ("--lr=0", "lr=0.0 is not allowed: it must be > 0"),
+                      ("--mixer=atention", "'atention' is not one of attention, .*; did you "
+                                           "mean 'attention'\\?"),
+                      ("--mixer=base_conv:kernel_size=3,gated_delta_net",
+                       "did you mean 'gated_deltanet'\\?")]:
+        assert train.main([arg, "--max_steps=2", "--progress=false"]) == 2, arg
+        err = capsys.readouterr().err
+        assert re.search(says, err) and err.count("\n") == 1, (arg, err)
+    assert sorted(p.name for p in Path().iterdir()) == ["locked", "taken"]
+
+
 def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):
     """make_config parses the mixer setting; Config.replace keeps the parse (a run's seeds,
     train's own check_config parse nothing again) unless mixer or n_layers changes."""
@@ -2468,8 +2507,11 @@ def test_a_config_parses_its_mixer_once_across_seeds_and_checks(monkeypatch):
     for seed in (1, 2):
         train.check_config(config.replace(seed=seed))
     assert config.replace(seed=3).layers == config.layers and len(parsed) == 1
-    assert config.replace(mixer="h3").layers == [("h3", {})] * 2 and len(parsed) == 2
-    assert config.replace(mixer="h3", n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
+    h3 = config.replace(mixer="h3")
+    assert h3.layers == [("h3", {})] * 2 and len(parsed) == 2
+    # n_layers alone changed: parsed again, no stale list of two layers kept
+    assert h3.replace(n_layers=3).layers == [("h3", {})] * 3 and len(parsed) == 3
+    assert config.replace(mixer="h3", n_layers=4).layers == [("h3", {})] * 4 and len(parsed) == 4
 
 
 def test_mixer_setting_gives_one_mixer_per_layer(tmp_path, capsys):
@@ -3495,6 +3537,30 @@ def test_unshuffled_epochs_repeat_the_official_batch_order(tmp_path, monkeypatch
     assert len(seen) == 5 and all(torch.equal(a, b) for a, b in zip(seen, want))
 
 
+def test_a_run_ends_budget_steps_only_where_its_budget_cut_the_schedule(tmp_path):
+    """budget_steps below max_steps stops the schedule there, "budget_steps"; a budget at or
+    past max_steps, or none (0), cuts nothing: the run ends at max_steps, "max_steps"."""
+    for budget, steps, ended in ((3, 3, "budget_steps"), (4, 4, "max_steps"),
+                                 (9, 4, "max_steps"), (0, 4, "max_steps")):
+        r = train.train(small_config(max_steps=4, budget_steps=budget, eval_every=50,
+                                     target_acc=1.0, out_dir=str(tmp_path / str(budget))))
+        assert (r["steps"], r["ended"]) == (steps, ended), budget
+
+
+def test_checkpoint_every_0_checkpoints_at_epoch_ends_only(tmp_path, monkeypatch):
+    """checkpoint_every = 0 turns the timed checkpoints off: epochs of 3 steps checkpoint
+    after steps 3 and 6 (not after 7, the last: its record follows); a checkpoint_every of a
+    nanosecond checkpoints after every step but the last."""
+    saved, save = [], train.Checkpoints.save
+    monkeypatch.setattr(train.Checkpoints, "save", lambda self, run: saved.append(run["step"])
+                        or save(self, run))
+    for every, want in ((0, [3, 6]), (1e-9, [1, 2, 3, 4, 5, 6])):
+        saved.clear()
+        train.train(small_config(num_train=48, batch_size=16, max_steps=7, eval_every=50,
+                                 checkpoint_every=every, out_dir=str(tmp_path / str(every))))
+        assert saved == want, every
+
+
 def test_evaluate_loss_is_the_mean_cross_entropy_over_every_labelled_position():
     """Batches of 7 rows (the last one ragged) weigh each position once: the whole split's
     mean, and the accuracies of one forward over all of it."""
@@ -3964,7 +4030,7 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     commands (bash blocks), run as printed (one torch thread, in a scratch folder): --check
     prints the README's table (a difference below 1e-6 may print as another small number on
     another machine) and exits 0; the training command writes a record that names the file
-    and its digest."""
+    and its digest, and ends at the test accuracy the README states (and explains)."""
     (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
     section = readme_section("README.md", "Bring your own mixer")
     check, run = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S)
@@ -3986,6 +4052,9 @@ def test_readme_bring_your_own_mixer_runs_as_printed(tmp_path):
     [record] = [json.loads(p.read_text()) for p in (tmp_path / "results/runs").glob("*.json")]
     assert record["config"]["mixer_source"] == f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
     assert record["steps"] == 50
+    stated = re.search(r"ends at test accuracy (\.\d{3}), after (\d+) steps", section)
+    assert stated and stated.groups() == (train.acc_text(record["test_acc"]), "50"), stated
+    assert "max_steps" in out.stdout.splitlines()[-1]
 
 
 def test_readme_copy_list_for_attention_matches_its_docstring():

@@ -39,6 +39,7 @@ import re
 import subprocess
 import sys
 import signal
+import tempfile
 import threading
 import time
 import zlib
@@ -233,17 +234,19 @@ def parse_layers(mixer, n_layers):
     return layers * n_layers if len(layers) == 1 else layers
 
 
-# the checks of the mixer contract (mixers.check_mixer) that a mixer of your own passes
-# before it trains; every built-in mixer passes them all in the tests
-TRAIN_CHECKS = ("shape", "causal")
+# a mixer of your own passes every check of the mixer contract (mixers.check_mixer) before
+# it trains, the meta-device check included: a layer that makes a tensor on the CPU inside
+# forward would train here and fail on a GPU. It takes 1.4-2 s on the README's GLA and on
+# Mamba at d, T <= 64, nearly all of it torch's one-off start of autograd or the meta device
+# in a new process (0.1-0.3 s when checked again); every built-in passes it in the tests
 _FAILED = {}        # (name, options, digest, d_model, seq_len) -> its first failed check or None
 
 
 def check_outside_mixers(config):
     """Fill in `mixer_source` from the mixers of your own in `mixer` ("" if none): each
     source, file or module, with the digest of its text (mixers.source_digest), so that a
-    changed file is another run. Raise a ValueError for one that fails a check of
-    TRAIN_CHECKS at the config's d_model and seq_len (run once per mixer and size)."""
+    changed file is another run. Raise a ValueError for one that fails a check of the mixer
+    contract at the config's d_model and seq_len (run once per file version and size)."""
     outside = [(name, options) for name, options in config.layers if is_outside(name)]
     digests = {name: load_outside(name)[1] for name, _ in outside}
     sources = ",".join(dict.fromkeys(f"{name.rpartition(':')[0]}={digests[name]}"
@@ -257,7 +260,7 @@ def check_outside_mixers(config):
         key = (name, repr(options), digests[name], config.d_model, config.seq_len)
         if key not in _FAILED:
             _FAILED[key] = next((r for r in check_mixer(name, options, config.d_model,
-                                                        config.seq_len, TRAIN_CHECKS)
+                                                        config.seq_len)
                                  if r.status == "fail"), None)
         if _FAILED[key]:
             check, _, measured = _FAILED[key]
@@ -298,7 +301,9 @@ def check_config(config):
             raise ValueError(f"{key}={getattr(config, key)} is not allowed: it must be >= 1")
     config.layers                # the mixer names and option keys (their values: when built)
     check_outside_mixers(config)
-    for key in ("lr", "weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
+    if not config.lr > 0:
+        raise ValueError(f"lr={config.lr} is not allowed: it must be > 0 (at 0 nothing trains)")
+    for key in ("weight_decay", "grad_clip", "warmup_steps", "budget_steps", "eval_probe",
                 "num_valid", "checkpoint_every"):
         if not getattr(config, key) >= 0:
             raise ValueError(f"{key}={getattr(config, key)} is not allowed: it must be >= 0")
@@ -338,6 +343,7 @@ def check_config(config):
                              "has no native bfloat16 (compute capability 8.0 and later do), and "
                              "emulated bfloat16 runs slower than float32; train in float32 with "
                              "--amp=false")
+    check_writable(config.out_dir)
     check_choice("task", config.task, TASKS)
     if config.task == "mqar":
         check_choice("fillers", config.fillers, FILLERS)
@@ -353,6 +359,25 @@ def check_config(config):
         raise ValueError(f"vocab_size={config.vocab_size} is not allowed with task='lm': it must "
                          "be >= 3 (<unk>, <eof> and a token)")
     return config
+
+
+def check_writable(out_dir):
+    """Raise a ValueError unless a run can write into `out_dir`: the folder, or the nearest of
+    its parents that exists (the run makes the rest), is a folder this user can write a file
+    in. Checked before training, so that the first checkpoint cannot fail after minutes of it
+    (a temporary file, gone at once: permissions alone do not say, e.g. for root)."""
+    existing = Path(out_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"out_dir={out_dir!r} is not allowed: {existing} is a file, not a "
+                         "folder; give a folder (made if missing)")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise ValueError(f"out_dir={out_dir!r} is not allowed: no file can be written in "
+                         f"{existing} ({type(e).__name__}: {e.strerror}); give a folder you "
+                         "can write in") from None
 
 
 def resolve_device(name):

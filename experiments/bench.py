@@ -29,8 +29,8 @@ from mixers import (BASED_IMPLS, DELTA_RULE_IMPLS, DPLR_IMPLS, GLA_IMPLS, MIXERS
                     build_mixer, check_positive, sliding_window_fast)
 from experiments.presets import FIGURE2_MIXERS, PAPER_GRID, figure2_batch_size, make_config
 from mqar import IGNORE, multiquery_ar, multiquery_ar_per_example
-from train import (LanguageModel, labelled_loss, labelled_positions, make_optimizer,
-                   resolve_device)
+from train import (LanguageModel, evaluate, labelled_loss, labelled_positions,
+                   make_optimizer, resolve_device)
 
 
 def full_logits_loss(model, inputs, labels):
@@ -39,35 +39,65 @@ def full_logits_loss(model, inputs, labels):
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
 
 
-def bench(config):
+def one_batch(config):
+    """(device, model, optimizer, inputs, labels): `config`'s model (seeded by its seed) and
+    optimizer on its device, and one MQAR batch of its size there."""
     device = resolve_device(config.device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = LanguageModel(config).to(device)
-    optimizer = make_optimizer(model, config)
     inputs, labels = (x.to(device) for x in multiquery_ar(
         config.batch_size, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
         seed=config.seed))
+    return device, model, make_optimizer(model, config), inputs, labels
 
-    def step_seconds(loss_fn):
-        if device.type != "cpu":
-            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
-        t0 = time.perf_counter()
-        loss = loss_fn(model, inputs, labels)
-        loss = loss[0] if isinstance(loss, tuple) else loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        if device.type != "cpu":
-            getattr(torch, device.type).synchronize()          # torch.cuda or torch.mps
-        return time.perf_counter() - t0
 
+def timed_step(model, optimizer, loss_fn, inputs, labels, device):
+    """Seconds of one training step (forward, backward, optimizer step) of loss_fn, the
+    device waited for before and after."""
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize()              # torch.cuda or torch.mps
+    t0 = time.perf_counter()
+    loss = loss_fn(model, inputs, labels)
+    loss = loss[0] if isinstance(loss, tuple) else loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize()
+    return time.perf_counter() - t0
+
+
+def run_seconds(config, steps=3):
+    """(seconds of one training step of `config`'s run, seconds of the whole run at most): the
+    step timed on one batch of its size on its device (train's loss; the median of `steps`
+    after one that warms up) times the steps of its schedule (budget_steps where that cuts
+    it), plus its evaluations as if none passed the target (a probe of each split every
+    eval_every steps, both splits whole at the end: train.evaluation), at the seconds per
+    example of one evaluation of the same batch. What a sweep's time estimate adds up
+    (frontier.yours_estimate)."""
+    device, model, optimizer, inputs, labels = one_batch(config)
+    loss = partial(labelled_loss, positions=labelled_positions(labels))   # once, as in train
+    times = [timed_step(model, optimizer, loss, inputs, labels, device) for _ in range(steps + 1)]
+    step = sorted(times[1:])[steps // 2]
+    t0 = time.perf_counter()
+    evaluate(model, inputs, labels)                   # reads the result back: the device waits
+    per_example = (time.perf_counter() - t0) / len(inputs)
+    stop = min(config.max_steps, config.budget_steps or config.max_steps)
+    probe = lambda n: config.eval_probe if 0 < config.eval_probe < n else n
+    scored = ((stop // config.eval_every) * (probe(config.num_valid) + probe(config.num_test))
+              + config.num_valid + config.num_test)
+    return step, step * stop + per_example * scored
+
+
+def bench(config):
+    device, model, optimizer, inputs, labels = one_batch(config)
     ours = partial(labelled_loss, positions=labelled_positions(labels))   # once, as in train
     # alternate the two, so that a busy moment of the machine hits both alike
     times = {ours: [], full_logits_loss: []}
     for i in range(12):                                # the first two rounds warm up
         for fn in times:
-            seconds = step_seconds(fn)
+            seconds = timed_step(model, optimizer, fn, inputs, labels, device)
             if i >= 2:
                 times[fn].append(seconds)
     ours, full = (sorted(runs)[len(runs) // 2] for runs in times.values())

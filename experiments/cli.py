@@ -73,8 +73,8 @@ from experiments.figure2 import (FOLDER_TABLES, fig2_table, plot_epochs, plot_fi
                                  plot_plotted, plotted_grid_table)
 from experiments.figures import curves_figure
 from experiments.figure6 import fig6_table, plot_fig6
-from experiments.frontier import (YOURS, frontier_table, plot_frontier, plot_yours, yours_sweep,
-                                  yours_table)
+from experiments.frontier import (YOURS, frontier_table, plot_frontier, plot_yours,
+                                  yours_estimate, yours_sweep, yours_table)
 from experiments.gpu_check import gpu_check
 from experiments.hybrids import hybrids_table, plot_hybrids
 from experiments.lm import (LM_MODELS, LM_RECIPE, appendix_g, hf_causal_lm, lm_data, lm_outputs,
@@ -237,6 +237,9 @@ def sweep_command(flags, rest):
             print(protocols.yours_table(flags["--mixer"], name))
         return
     if "--mixer" in flags:                       # yours on the frontier: only its runs train
+        estimate = None if "--dry_run" in flags else yours_estimate(flags["--mixer"], scale)
+        if estimate:
+            print(estimate, flush=True)
         records = run_sweep(YOURS, yours_sweep(flags["--mixer"]), scale, make_config,
                             dry_run="--dry_run" in flags, **workers)
         if records:

@@ -177,6 +177,23 @@ def plotted_records(name):
     return records
 
 
+def unfinished(row):
+    """Whether a cell (a row of cells) has a run that was interrupted: its accuracy is the one
+    so far, and the same --sweep continues it. The table says so (steps_text); the figures
+    draw it hollow (a point) or hatched (a bar)."""
+    return any(run["ended"] == "interrupted" for run in row["runs"])
+
+
+UNFINISHED_NOTE = "hollow or hatched: a cell with an interrupted run, at its accuracy so far"
+
+
+def hollow(ax, x, y, marker, color):
+    """The points (x, y) of a model's series drawn hollow, on top of its line (unfinished)."""
+    if x:
+        ax.scatter(x, y, marker=marker, s=3.5 ** 2, facecolors="white", edgecolors=color,
+                   zorder=3)
+
+
 def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
     """results/<name>.png: test accuracy (mean and 95% interval over seeds, the lr chosen on
     validation) against the x key, one panel per panel key (axes: (the keys that make a
@@ -190,7 +207,8 @@ def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
     `sweep`, its grids by scale) and budget. `records` (the frontier with a mixer of yours:
     frontier.yours_records) are drawn instead of results/<name>'s, and the figures go to
     `out`.png, _state.png, _curves.png instead of results/<name>'s; a model whose state size
-    is unknown (state_size: None) is left out of the state figure, its title says so.
+    is unknown (state_size: None) is left out of the state figure, its title says so. A cell
+    with an interrupted run (unfinished) is drawn hollow or hatched, the titles say so.
     Returns (the cells' rows, the paths written)."""
     plt = pyplot()
     import matplotlib.ticker
@@ -234,13 +252,18 @@ def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
             drew_paper |= bool(paper)
             if single:                           # one x for every model: bars side by side
                 ax.bar(i, y[0], yerr=[[e[0]] for e in err], capsize=2, color=colors[label],
-                       label=label)
+                       label=label, **(dict(hatch="////", edgecolor="white")
+                                       if unfinished(here[0]) else {}))
                 if paper:                            # black: a cross on its own colour hides
                     ax.scatter([i], [paper[0][1]], marker="x", s=30, color="black", zorder=3)
                 continue
-            ax.errorbar([dodge(v, i, len(here_labels)) for v in x], y, yerr=err,
-                        marker=markers[label], ms=3.5, capsize=2, color=colors[label],
-                        label=label)
+            dodged = [dodge(v, i, len(here_labels)) for v in x]
+            done = [k for k, r in enumerate(here) if not unfinished(r)]
+            ax.errorbar(dodged, y, yerr=err, marker=markers[label], ms=3.5, capsize=2,
+                        color=colors[label], label=label, markevery=done)
+            hollow(ax, [dodged[k] for k in range(len(here)) if k not in done],
+                   [y[k] for k in range(len(here)) if k not in done], markers[label],
+                   colors[label])
             if paper:
                 ax.scatter(*zip(*paper), marker="x", alpha=0.6, color=colors[label])
             if bound:                            # the best a model can do: its bound
@@ -258,8 +281,9 @@ def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(SYMBOLS[x_key])
         ax.set_title(title(panel), fontsize=9)
+    partial = f"\n({UNFINISHED_NOTE})" if any(map(unfinished, rows)) else ""
     notes = ("\n(dashed: the share of test queries within the model's reach, its bound)"
-             if bound else "") + (f"\n({PAPER_NOTE})" if drew_paper else "")
+             if bound else "") + (f"\n({PAPER_NOTE})" if drew_paper else "") + partial
     width = fig.get_figwidth()
     fig.suptitle(wrapped(f"{heading}: {budget}\n{seeds}{notes}", width),
                  fontsize=9)
@@ -283,12 +307,15 @@ def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
         here_labels = [label for label in in_panel(panel) if label not in unknown]
         for i, label in enumerate(here_labels):
             here = [(r, s) for r, s in known if r["label"] == label and panel_of(r) == panel]
-            points = sorted(((s, r["test_acc"], figure2_value(config_of(r))) for r, s in here),
-                            key=lambda p: p[:2])
-            ax.plot([dodge(s, i, len(here_labels)) for s, _, _ in points],
-                    [a for _, a, _ in points], marker=markers[label], ms=3.5,
-                    color=colors[label], label=label)
-            paper = [(s, p) for s, _, p in points if p is not None]
+            points = sorted(((s, r["test_acc"], figure2_value(config_of(r)), unfinished(r))
+                             for r, s in here), key=lambda p: p[:2])
+            dodged = [dodge(s, i, len(here_labels)) for s, *_ in points]
+            ax.plot(dodged, [a for _, a, *_ in points], marker=markers[label], ms=3.5,
+                    color=colors[label], label=label,
+                    markevery=[k for k, p in enumerate(points) if not p[3]])
+            hollow(ax, [x for x, p in zip(dodged, points) if p[3]],
+                   [p[1] for p in points if p[3]], markers[label], colors[label])
+            paper = [(s, p) for s, _, p, _ in points if p is not None]
             if paper:
                 ax.scatter(*zip(*paper), marker="x", alpha=0.6, color=colors[label])
         ax.set_xscale("symlog", linthresh=1)        # a state of 0 (blocked attention at t = N)
@@ -304,7 +331,7 @@ def plot_sweep(name, sweep, axes, bound=None, records=None, out=None):
                if unknown else "")
     fig.suptitle(wrapped(f"{heading}: accuracy against recurrent state size ({SYMBOLS[x_key]} "
                          f"along each line)\n{budget}; {'mean over ' if several else ''}"
-                         f"{seeds_text(records)}{paper}{missing}", fig.get_figwidth()),
+                         f"{seeds_text(records)}{paper}{missing}{partial}", fig.get_figwidth()),
                  fontsize=9)
     save_figure(fig, f"{out}_state.png")
     first_seed = min(r["seed"] for r in records)

@@ -10,17 +10,26 @@ Rerun (python -m experiments ...):
                                                    frontier.png, frontier_curves.png
   --sweep=frontier --mixer=path/to/file.py:Class   a mixer of your own on the same cells (its
                                                    records in results/runs/frontier/, ignored
-                                                   by git); then --table=frontier and
-                                                   --plot=frontier with the same --mixer: the
-                                                   built-ins' committed records beside yours
-                                                   (results/runs/frontier_state.png, ...)
+                                                   by git), after a line that says how long
+                                                   it takes at most (yours_estimate); then
+                                                   --table=frontier and --plot=frontier with
+                                                   the same --mixer: the built-ins' committed
+                                                   records beside yours, those of the file as
+                                                   it is now, the runs of its other versions
+                                                   named (results/runs/frontier_state.png, ...)
 experiments/README.md ("The recall mixers since Zoology") says what it shows.
 """
+import dataclasses
+from collections import Counter
+
+import torch
+
+from experiments.bench import run_seconds
 from experiments.common import load_records, sweep_runs
 from experiments.figures import cells_table, plot_sweep, state_size
 from experiments.presets import PAPER_GRID, make_config
 from mixers import is_outside, load_outside, split_mixer
-from train import Config
+from train import Config, finished_record, identity, resolve_device
 
 # the recall frontier: each mixer after a short BaseConv layer, as the official code trains
 # attention, Based, GLA, DeltaNet, Gated DeltaNet and RWKV-7 (zoology/experiments/
@@ -90,20 +99,86 @@ def both_sweep(mixer, name="frontier"):
                                             yours_sweep(mixer, name).values())}
 
 
-def yours_records(mixer, name="frontier"):
-    """The built-ins' records (results/<name>/) and those of your mixer's runs of the sweep
-    in results/runs/frontier/ (other files there, of another mixer or an older version of
-    yours, are left out); a ValueError when yours has none yet."""
+def yours_by_version(mixer, name="frontier"):
+    """(the records in results/runs/frontier/ of your mixer's runs of sweep `name` with its
+    file as it is now, {another version's mixer_source: how many records it has there}): an
+    edited file is another run (its digest is in mixer_source), so the runs of the file as it
+    was are not this version's, but are named (other_versions)."""
     sweep = yours_sweep(mixer, name)
     first = make_config(**sweep_runs(YOURS, sweep, next(iter(sweep)))[0][1])
-    yours = [r for r in load_records(f"results/{YOURS}")
-             if (r["config"]["mixer"], r["config"].get("mixer_source")) == (first.mixer,
-                                                                       first.mixer_source)]
+    mine = [r for r in load_records(f"results/{YOURS}") if r["config"]["mixer"] == first.mixer]
+    current = [r for r in mine if r["config"].get("mixer_source") == first.mixer_source]
+    others = Counter(r["config"].get("mixer_source") for r in mine
+                     if r["config"].get("mixer_source") != first.mixer_source)
+    return current, dict(others)
+
+
+def other_versions(mixer, name="frontier"):
+    """A sentence naming the records of your mixer's runs with other versions of its file
+    (yours_by_version): how many, each version's digest, how to list them and how to see
+    them again; "" where there are none."""
+    others = yours_by_version(mixer, name)[1]
+    if not others:
+        return ""
+    count = sum(others.values())
+    versions = "; ".join(f"mixer_source {source}: {n} run{'s' * (n > 1)}"
+                         for source, n in others.items())
+    return (f"results/{YOURS}/ also holds {count} run{'s' * (count > 1)} of --mixer={mixer} "
+            f"with other versions of its file, left out ({versions}): grep -l "
+            f"{next(iter(others))} results/{YOURS}/*.json lists them, and the file as it was "
+            "brings them back")
+
+
+def yours_records(mixer, name="frontier"):
+    """The built-ins' records (results/<name>/) and those of your mixer's runs of the sweep
+    with its file as it is now (yours_by_version; other files there, of another mixer or
+    another version of yours, are left out); a ValueError when yours has none yet, naming
+    the runs of other versions of the file."""
+    yours, others = yours_by_version(mixer, name)
     if not yours:
         raise ValueError(f"--mixer={mixer!r} has no finished runs on the frontier in "
                          f"results/{YOURS}/ yet: python -m experiments --sweep={name} "
-                         f"--mixer={mixer}")
+                         f"--mixer={mixer}" + (f"; {other_versions(mixer, name)}" if others
+                                               else ""))
     return load_records(f"results/{name}") + yours
+
+
+def yours_estimate(mixer, scale="cpu", name="frontier", steps=3):
+    """The line a sweep of your mixer (yours_sweep) prints before it trains: how long its
+    unfinished runs take at most, one after another here: bench.run_seconds at each cell's
+    size (`steps` training steps timed, times the steps of the schedule, with its
+    evaluations), runs that differ in lr or seed only timed once. A run that passes its
+    target stops early: an upper bound (on a machine as busy as while timing). None when
+    every run has finished."""
+    runs = [make_config(**o) for _, o in sweep_runs(YOURS, yours_sweep(mixer, name), scale)]
+    todo = [config for config in runs if not finished_record(config)]
+    if not todo:
+        return None
+    size = lambda config: identity(dataclasses.replace(config, lr=Config.lr, seed=Config.seed))
+    timed = {}                                   # size -> (a run of it, step s, run s)
+    for config in todo:
+        if size(config) not in timed:
+            timed[size(config)] = (config, *run_seconds(config, steps))
+    total = sum(timed[size(config)][2] for config in todo)
+    steps_text = "; ".join(f"{step:.2g} s at N = {c.seq_len}, D = {c.num_kv_pairs}, d = "
+                           f"{c.d_model}" for c, step, _ in timed.values())
+    most = max(min(c.max_steps, c.budget_steps or c.max_steps) for c in todo)
+    threads = torch.get_num_threads()
+    return (f"estimate: {len(todo)} run{'s' * (len(todo) > 1)} of --mixer={mixer} to train "
+            f"({scale} scale), one after another on {resolve_device(todo[0].device)}, "
+            f"{threads} thread{'s' * (threads > 1)}: at most about {duration(total)}. A training "
+            f"step takes {steps_text} (the median of {steps} timed steps), for at most "
+            f"{most:,} steps a run, with its evaluations; an upper bound, as a run stops early "
+            f"once its validation accuracy passes {todo[0].target_acc}. --workers=K runs K at "
+            "once on the same cores.")
+
+
+def duration(seconds):
+    """"40 s", "31 min", "2 h 5 min": a time estimate as the estimate prints it."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def state_column(cell, runs):
@@ -115,9 +190,12 @@ def state_column(cell, runs):
 
 def yours_table(mixer, name="frontier"):
     """--table=frontier --mixer=...: the built-ins' cells and yours (cells_table), with
-    each model's recurrent state."""
-    return cells_table(name, both_sweep(mixer, name), (["recurrent state"], state_column),
-                       yours_records(mixer, name))
+    each model's recurrent state, then the runs of other versions of your file, if any
+    (other_versions)."""
+    table = cells_table(name, both_sweep(mixer, name), (["recurrent state"], state_column),
+                        yours_records(mixer, name))
+    note = other_versions(mixer, name)
+    return f"{table}\n\n{note}" if note else table
 
 
 def plot_yours(mixer, name="frontier"):

@@ -10,6 +10,7 @@ seeds and tolerances as in test_all.py.
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import matplotlib
@@ -935,6 +937,45 @@ def test_plot_draws_the_sweep_and_its_state_sizes(tmp_path, monkeypatch):
         assert [text.get_text() for text in legend.get_texts()] == ["attention", "h3"]
 
 
+def white_points(ax):
+    """The points of `ax` drawn hollow: its scatter collections filled white, in data units."""
+    return [tuple(p) for c in ax.collections if type(c).__name__ == "PathCollection"
+            and len(c.get_offsets()) and matplotlib.colors.same_color(c.get_facecolors(), "white")
+            for p in c.get_offsets()]
+
+
+def test_an_interrupted_run_is_drawn_unfinished(tmp_path, monkeypatch):
+    """A cell whose run was interrupted is drawn at its accuracy so far, but hollow (a point
+    of the accuracy and the state figure: that model's line leaves its marker out) or hatched
+    (a bar), and each title says what hollow and hatched mean; finished cells stay filled."""
+    monkeypatch.chdir(tmp_path)
+    base = dict(num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
+    cells = [("attention", 32, 32, 0.3), ("attention", 64, 32, 0.4), ("h3", 32, 32, 0.5),
+             ("h3", 64, 32, 0.6), ("attention", 64, 64, 0.7), ("h3", 64, 64, 0.8)]
+    for mixer, d, N, acc in cells:
+        r = fake_record(3e-3, 0, acc, 0.3, mixer=mixer, d_model=d, label=mixer, seq_len=N, **base)
+        r["ended"] = "interrupted" if (mixer, d) == ("attention", 64) else "max_steps"
+        train.save_record(r, train.record_path(train.Config(**r["config"])))
+    drawn = drawn_figures(monkeypatch)
+    figure2.plot_fig2()
+    accuracy, state, _ = drawn
+    lines, bars = accuracy.axes                             # N = 32: by width; N = 64: bars
+    assert [y for _, y in white_points(lines)] == [0.4]
+    [(x, _)] = white_points(lines)
+    assert 64 * 0.9 < x < 64 * 1.1                                      # dodged about d = 64
+    marked = {c.get_label(): list(c.lines[0].get_markevery()) for c in lines.containers}
+    assert marked == {"attention": [0], "h3": [0, 1]}, marked
+    hatches = {c.get_label(): c.patches[0].get_hatch() for c in bars.containers
+               if type(c).__name__ == "BarContainer"}
+    assert hatches == {"attention": "////", "h3": None}, hatches
+    lines = state.axes[0]
+    assert [p[1] for p in white_points(lines)] == [0.4]
+    assert {line.get_label(): list(line.get_markevery()) for line in lines.lines} == {
+        "attention": [0], "h3": [0, 1]}
+    for fig in (accuracy, state):
+        assert figures.UNFINISHED_NOTE in title_of(fig).replace("\n", " "), title_of(fig)
+
+
 def test_a_mixer_of_yours_on_another_sweep_or_unloadable_is_refused(tmp_path, monkeypatch,
                                                                     capsys):
     """--mixer with a sweep other than frontier, a built-in's name, a file that is not there:
@@ -1569,6 +1610,78 @@ def test_a_mixer_of_yours_joins_the_frontier_beside_the_built_ins(tmp_path, monk
     for suffix in ("", "_state", "_curves"):
         assert (tmp_path / f"results/runs/frontier{suffix}.png").stat().st_size > 10_000
         assert not (tmp_path / f"results/frontier{suffix}.png").exists()
+
+
+def test_the_frontier_shows_your_files_current_version_and_names_the_runs_of_others(
+        tmp_path, monkeypatch, capsys):
+    """Your mixer's runs are those of its file as it is now (its digest, mixer_source): once
+    the file is edited (a comment is enough), --table and --plot name the earlier version's
+    runs (how many, their digest, how to list them) where they said only "no finished runs";
+    after the new version has run too, the table holds its run alone (both in one cell would
+    be refused as runs that differ in more than their seed), and names the other."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(frontier.SWEEPS["frontier"], "cpu", TINY_FRONTIER)
+    Path("my_gla.py").write_text(GLA_SOURCE)
+    mine = "--mixer=my_gla.py:GLA"
+    assert cli.main(["--sweep=frontier", mine]) == 0
+    old = f"my_gla.py={mixers.source_digest(GLA_SOURCE)}"
+    Path("my_gla.py").write_text(GLA_SOURCE + "# a comment\n")
+    capsys.readouterr()
+    for command in ("--table=frontier", "--plot=frontier"):
+        assert cli.main([command, mine]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "has no finished runs" in err, err
+        assert (f"results/runs/frontier/ also holds 1 run of --mixer=my_gla.py:GLA with other "
+                f"versions of its file, left out (mixer_source {old}: 1 run): grep -l {old} "
+                "results/runs/frontier/*.json lists them") in err, err
+    assert cli.main(["--sweep=frontier", mine]) == 0
+    [new] = [r for r in common.load_records("results/runs/frontier")
+             if r["config"]["mixer_source"] != old]
+    capsys.readouterr()
+    assert cli.main(["--table=frontier", mine]) == 0
+    table, note = capsys.readouterr().out.strip().split("\n\n")
+    [row] = [line.split(" | ") for line in table.splitlines() if "GLA (yours)" in line]
+    assert row[4:6] == [f"{new['test_acc']:.3f}", train.acc_text(new["test_acc"])], row
+    assert note.startswith("results/runs/frontier/ also holds 1 run of") and old in note
+
+
+def test_a_sweep_of_your_mixer_says_how_long_it_will_take_before_it_trains(tmp_path, monkeypatch,
+                                                                          capsys):
+    """Before your runs train, one line: how many, the seconds of a training step timed at
+    each cell's size, the time at most, and that it is an upper bound; nothing once every run
+    has finished, nor with --dry_run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(frontier.SWEEPS["frontier"], "cpu", TINY_FRONTIER)
+    Path("my_gla.py").write_text(GLA_SOURCE)
+    printed, real = [], common.train
+    monkeypatch.setattr(common, "train", lambda config: printed.append(
+        capsys.readouterr().out) or real(config))
+    assert cli.main(["--sweep=frontier", "--mixer=my_gla.py:GLA"]) == 0
+    [before] = printed
+    assert re.fullmatch(
+        r"estimate: 1 run of --mixer=my_gla.py:GLA to train \(cpu scale\), one after another on "
+        r"cpu, \d+ threads?: at most about \d+ s\. A training step takes [\d.e-]+ s at N = 16, "
+        r"D = 2, d = 16 \(the median of 3 timed steps\), for at most 4 steps a run, with its "
+        r"evaluations; an upper bound, as a run stops early once its validation accuracy "
+        r"passes 0\.99\. --workers=K runs K at once on the same cores\.\n", before), before
+    for args in ([], ["--dry_run"]):
+        assert cli.main(["--sweep=frontier", "--mixer=my_gla.py:GLA", *args]) == 0
+        assert "estimate" not in capsys.readouterr().out
+
+
+def test_a_runs_time_estimate_counts_its_schedules_steps_and_evaluations(monkeypatch):
+    """run_seconds: the timed step times the steps the schedule runs (budget_steps where it
+    cuts max_steps), plus each evaluation's probe of both splits every eval_every steps and
+    the whole splits at the end, at the seconds per example an evaluation took (a clock that
+    reads one second later at every reading: 1 s for the batch)."""
+    monkeypatch.setattr(bench, "timed_step", lambda *args: 0.25)
+    clock = itertools.count()
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    config = train.make_config(seq_len=16, num_kv_pairs=2, vocab_size=64, d_model=16,
+                               batch_size=8, max_steps=100, budget_steps=40, eval_every=10,
+                               eval_probe=16, num_valid=48, num_test=64)
+    scored = 40 // 10 * (16 + 16) + 48 + 64                  # probes, then the whole splits
+    assert bench.run_seconds(config) == (0.25, 0.25 * 40 + scored / 8)
 
 
 # ----------------------------------------------------------------------------------------
@@ -2240,7 +2353,13 @@ def test_the_benchmarks_are_the_labs(monkeypatch):
     (["--sweep=frontier", "--mixer=my_gla.py:GLA", "--launcher=slurm"],
      "--launcher is not allowed with --mixer"),
     (["--ar_threshold=5", "--mixer=h3"], "--ar_threshold and --samples are not allowed without"),
-    (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without")])
+    (["--samples=5", "--task=lm"], "--ar_threshold and --samples are not allowed without"),
+    # a sweep's, a plot's or a table's settings are its grid's: a --key=value would be ignored
+    (["--sweep=main", "--lr=1e-3"], "'--lr=1e-3' is not allowed with --sweep, --plot or --table"),
+    (["--plot=fig2", "--seed=1"], "'--seed=1' is not allowed with --sweep, --plot or --table"),
+    (["--table=main", "--lr=1e-3"], "'--lr=1e-3' is not allowed with --sweep, --plot or --table"),
+    (["--table=frontier", "--mixer=my_gla.py:GLA", "--seed=1"],
+     "'--seed=1' is not allowed with --sweep, --plot or --table")])
 def test_the_command_line_refuses_bad_values_and_options_that_would_do_nothing(
         args, message, capsys, monkeypatch):
     """Exit status 2 and the message, before anything trains."""
