@@ -2877,7 +2877,8 @@ def parse_mixer(entry):
 # the mixer contract: what every mixer here keeps (this module's docstring), checked on any
 # mixer by one function. test_all.py runs check_mixer on every built-in mixer and its
 # options; `python mixers.py --check path/to/file.py:Class` on yours (check_command); and
-# train.py will not train a mixer of your own that fails its shape or causality check.
+# train.py will not train a mixer of your own that fails any check (at seq_len 64 at most:
+# train.CONTRACT_LENGTH).
 
 CONTRACT_BATCH = 3     # B of every check (3, not 2: a batch-first state is not told from heads=2)
 F64 = torch.float64    # what must hold exactly is checked in float64

@@ -3315,7 +3315,11 @@ OTHER_VALUE = {   # field: (another value, it changes the tiny run here)
     "position_embedding": ("none", True), "dropout": (0.5, True), "init": ("gpt2", True),
     "task": ("lm", False), "corpus": ("a.txt", False),      # the LM experiment's data
     "vocab_size": (32, True), "seq_len": (12, True), "num_kv_pairs": (1, True),
-    "power_a": (0.5, True), "num_train": (48, True), "num_test": (16, True),
+    "power_a": (0.5, True), "fillers": ("uniform", True), "num_train": (48, True),
+    "num_test": (16, True),
+    # a mixture and slices need num_train and num_test at their defaults: the mixture tests
+    "train_segments": ("16:2:64,8:2:32", False), "test_slices": ("16:2:32,8:2:16", False),
+    "segment_passes": (2, False),    # one segment twice an epoch: the same draws as 2 epochs
     "num_valid": (16, True), "batch_size": (8, True), "lr": (1e-1, True), "beta2": (0.5, True),
     "weight_decay": (0.9, True), "decay_all": (True, True), "grad_clip": (1e-3, True),
     "warmup_steps": (3, True), "max_steps": (4, True), "schedule": ("cosine_epochs", True),

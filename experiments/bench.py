@@ -30,7 +30,7 @@ from mixers import (BASED_IMPLS, DELTA_RULE_IMPLS, DPLR_IMPLS, GLA_IMPLS, MIXERS
 from experiments.presets import FIGURE2_MIXERS, PAPER_GRID, figure2_batch_size, make_config
 from mqar import IGNORE, multiquery_ar, multiquery_ar_per_example
 from train import (LanguageModel, evaluate, labelled_loss, labelled_positions,
-                   make_optimizer, resolve_device)
+                   make_optimizer, resolve_device, segments, steps_per_epoch)
 
 
 def full_logits_loss(model, inputs, labels):
@@ -69,25 +69,37 @@ def timed_step(model, optimizer, loss_fn, inputs, labels, device):
 
 
 def run_seconds(config, steps=3):
-    """(seconds of one training step of `config`'s run, seconds of the whole run at most): the
-    step timed on one batch of its size on its device (train's loss; the median of `steps`
-    after one that warms up) times the steps of its schedule (budget_steps where that cuts
-    it), plus its evaluations as if none passed the target (a probe of each split every
-    eval_every steps, both splits whole at the end: train.evaluation), at the seconds per
-    example of one evaluation of the same batch. What a sweep's time estimate adds up
+    """(seconds of one training step of `config`'s run, seconds of the whole run at most): a
+    step timed on one batch of each training segment's size on its device (train's loss;
+    the median of `steps` after one that warms up), weighed by the segment's share of the
+    batches, times the steps of its schedule (budget_steps where that cuts it), plus its
+    evaluations as if none passed the target (a probe of each split every eval_every steps,
+    both splits whole at the end: train.evaluation), each slice at the seconds per example
+    of one evaluation of a batch of its size. What a sweep's time estimate adds up
     (frontier.yours_estimate)."""
-    device, model, optimizer, inputs, labels = one_batch(config)
-    loss = partial(labelled_loss, positions=labelled_positions(labels))   # once, as in train
-    times = [timed_step(model, optimizer, loss, inputs, labels, device) for _ in range(steps + 1)]
-    step = sorted(times[1:])[steps // 2]
-    t0 = time.perf_counter()
-    evaluate(model, inputs, labels)                   # reads the result back: the device waits
-    per_example = (time.perf_counter() - t0) / len(inputs)
+    device, model, optimizer, _, _ = one_batch(config)
+    batch = lambda N, D: (x.to(device) for x in multiquery_ar(
+        config.batch_size, config.vocab_size, N, D, config.power_a, seed=config.seed))
+    epoch = steps_per_epoch(config) / config.segment_passes
+    step = per_example = 0.0
+    for N, D, examples in segments(config, "train"):
+        inputs, labels = batch(N, D)
+        loss = partial(labelled_loss, positions=labelled_positions(labels))   # once, as train
+        times = [timed_step(model, optimizer, loss, inputs, labels, device)
+                 for _ in range(steps + 1)]
+        step += sorted(times[1:])[steps // 2] * math.ceil(examples / config.batch_size) / epoch
     stop = min(config.max_steps, config.budget_steps or config.max_steps)
     probe = lambda n: config.eval_probe if 0 < config.eval_probe < n else n
-    scored = ((stop // config.eval_every) * (probe(config.num_valid) + probe(config.num_test))
-              + config.num_valid + config.num_test)
-    return step, step * stop + per_example * scored
+    evaluations = 0.0
+    for N, D, examples in segments(config, "test"):
+        inputs, labels = batch(N, D)
+        t0 = time.perf_counter()
+        evaluate(model, inputs, labels)               # reads the result back: the device waits
+        per_example = (time.perf_counter() - t0) / len(inputs)
+        evaluations += per_example * ((stop // config.eval_every) * (probe(config.num_valid)
+                                                                     + probe(examples))
+                                      + config.num_valid + examples)
+    return step, step * stop + evaluations
 
 
 def bench(config):

@@ -143,14 +143,16 @@ def yours_records(mixer, name="frontier"):
     return load_records(f"results/{name}") + yours
 
 
-def yours_estimate(mixer, scale="cpu", name="frontier", steps=3):
+def yours_estimate(mixer, scale="cpu", name="frontier", steps=3, sweep=None, folder=YOURS):
     """The line a sweep of your mixer (yours_sweep) prints before it trains: how long its
     unfinished runs take at most, one after another here: bench.run_seconds at each cell's
     size (`steps` training steps timed, times the steps of the schedule, with its
     evaluations), runs that differ in lr or seed only timed once. A run that passes its
     target stops early: an upper bound (on a machine as busy as while timing). None when
-    every run has finished."""
-    runs = [make_config(**o) for _, o in sweep_runs(YOURS, yours_sweep(mixer, name), scale)]
+    every run has finished. `sweep` and `folder`: another sweep's grids of your mixer and
+    its folder (a protocol's: protocols.run_yours)."""
+    sweep = sweep or yours_sweep(mixer, name)
+    runs = [make_config(**o) for _, o in sweep_runs(folder, sweep, scale)]
     todo = [config for config in runs if not finished_record(config)]
     if not todo:
         return None
@@ -160,8 +162,10 @@ def yours_estimate(mixer, scale="cpu", name="frontier", steps=3):
         if size(config) not in timed:
             timed[size(config)] = (config, *run_seconds(config, steps))
     total = sum(timed[size(config)][2] for config in todo)
-    steps_text = "; ".join(f"{step:.2g} s at N = {c.seq_len}, D = {c.num_kv_pairs}, d = "
-                           f"{c.d_model}" for c, step, _ in timed.values())
+    where = lambda c: (f"N = {c.seq_len}, D = {c.num_kv_pairs}" if not c.train_segments
+                       else "the mean over its segments")
+    steps_text = "; ".join(f"{step:.2g} s at {where(c)}, d = {c.d_model}"
+                           for c, step, _ in timed.values())
     most = max(min(c.max_steps, c.budget_steps or c.max_steps) for c in todo)
     threads = torch.get_num_threads()
     return (f"estimate: {len(todo)} run{'s' * (len(todo) > 1)} of --mixer={mixer} to train "

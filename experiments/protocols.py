@@ -6,7 +6,7 @@ paper's harder MQAR (Dao and Gu, 2024).
 Rerun (python -m experiments ...):
   --sweep=mqar_standard [--scale=paper] [--workers=K] [--dry_run]   records in
                                            results/mqar_standard/ (--dry_run at paper scale
-                                           first prints each setting beside its source line)
+                                           prints each setting beside its source line on stderr)
   --sweep=mamba2_harder [--scale=paper] ...                        results/mamba2_harder/
   --table=mqar_standard, --plot=mqar_standard (results/mqar_standard_slices.png,
       _state.png), and the same for mamba2_harder (results/mamba2_harder.png: accuracy
@@ -18,13 +18,14 @@ How the protocols differ from each other and from Figure 2's runs: experiments/R
 "MQAR as the field runs it".
 """
 import math
+import sys
 
 import numpy as np
 
 from experiments.common import cells, load_records, model_order, run_sweep, sweep_runs
 from experiments.figures import (model_color, model_markers, scale_text, state_size,
                                  sweep_scale)
-from experiments.frontier import yours_label
+from experiments.frontier import yours_estimate, yours_label
 from experiments.presets import make_config
 from mixers import is_outside, load_outside, split_mixer
 from train import (Config, acc_text, markdown, pyplot, save_figure, segments, slice_name,
@@ -365,9 +366,10 @@ def yours_protocol(mixer, name):
 
 def run_protocol_sweep(name, scale, dry_run=False, **workers):
     """--sweep=NAME of a protocol: run_sweep; at paper scale with dry_run, the official
-    recipe's sources first (mqar_standard)."""
-    if dry_run and name == "mqar_standard" and scale == "paper":
-        print(sources_text() + "\n")
+    recipe's sources first, on stderr (mqar_standard), so that stdout stays one command line
+    per run (for xargs)."""
+    if dry_run and name == "mqar_standard" and scale == "paper":     # stdout: the runs alone
+        print(sources_text() + "\n", file=sys.stderr)
     return run_sweep(name, SWEEPS[name], scale, make_config, dry_run=dry_run, **workers)
 
 
@@ -378,9 +380,14 @@ def yours_folder(name):
 
 
 def run_yours(mixer, name, scale, dry_run=False, **workers):
-    """--sweep=NAME --mixer=...: your mixer's runs of the protocol (yours_protocol)."""
-    return run_sweep(yours_folder(name), yours_protocol(mixer, name), scale, make_config,
-                     dry_run=dry_run, **workers)
+    """--sweep=NAME --mixer=...: your mixer's runs of the protocol (yours_protocol), after
+    the time they will take at most (frontier.yours_estimate) unless dry_run."""
+    sweep = yours_protocol(mixer, name)
+    estimate = None if dry_run else yours_estimate(mixer, scale, name, sweep=sweep,
+                                                   folder=yours_folder(name))
+    if estimate:
+        print(estimate, flush=True)
+    return run_sweep(yours_folder(name), sweep, scale, make_config, dry_run=dry_run, **workers)
 
 
 def yours_records(mixer, name):

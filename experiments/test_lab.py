@@ -896,7 +896,7 @@ def test_help_names_every_sweep(capsys):
 
 
 # sweeps not finished: their records so far (fig2_plotted_grid waits for a GPU)
-PENDING_SWEEPS = {"fig2_plotted_grid"}
+PENDING_SWEEPS = {"fig2_plotted_grid", "mqar_standard", "mamba2_harder"}   # still training
 
 
 def test_every_committed_sweep_record_is_a_run_its_sweep_lists_today():
@@ -2512,7 +2512,11 @@ def test_a_protocol_tables_and_draws_each_slice_and_your_mixer_beside(tmp_path, 
         assert (tmp_path / f"results/mqar_standard{suffix}.png").stat().st_size > 10_000
     (tmp_path / "my_gla.py").write_text(GLA_SOURCE)
     mine = "--mixer=my_gla.py:GLA"
+    capsys.readouterr()
     assert cli.main(["--sweep=mqar_standard", mine]) == 0
+    assert re.match(r"estimate: 1 run of --mixer=my_gla.py:GLA to train \(cpu scale\), .* at most "
+                    r"about \d+ (s|min)\. A training step takes .* at the mean over its segments",
+                    capsys.readouterr().out)
     assert len(list((tmp_path / "results/runs/mqar_standard").glob("*.json"))) == 1
     capsys.readouterr()
     assert cli.main(["--table=mqar_standard", mine]) == 0
