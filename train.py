@@ -1455,8 +1455,11 @@ def plot_curves(records, path, scale, reference, name, colors):
         config, h = r["config"], r["history"]
         label, color = model(config), model_color(model(config), colors)
         x = [e["step"] * config["batch_size"] for e in h]
+        stopped = r["ended"] == "interrupted"            # unfinished: faint, and said so
         ax.plot(x, [e.get("test_acc", e.get("test_probe")) for e in h], color=color, ms=3,
-                label="{} N={} D={} d={}".format(label, *shape(config)), **style(shape(config)))
+                alpha=0.4 if stopped else 1.0, **style(shape(config)),
+                label="{} N={} D={} d={}".format(label, *shape(config))
+                      + (" (interrupted)" if stopped else ""))
         probes = [(xe, e["test_probe"]) for xe, e in zip(x, h) if "test_acc" not in e]
         if probes:                               # a probe's score: hollow
             ax.plot(*zip(*probes), ls="", marker=style(shape(config))["marker"], ms=3,
@@ -1482,6 +1485,8 @@ def plot_curves(records, path, scale, reference, name, colors):
              f"filled: {full}" if probed else f"every point: {full}"]
     if papers:
         notes.append(f"dotted: {PAPER_FIG2_SOURCE}")
+    if any(r["ended"] == "interrupted" for r in records):
+        notes.append("faint: an interrupted run, unfinished (the same command continues it)")
     fig.suptitle(wrapped(f"{name} at {scale}, MQAR: "
                          f"{budget_text(records)}, {seeds_text(records)}\n" + "; ".join(notes),
                          fig.get_figwidth()), fontsize=9)

@@ -947,7 +947,8 @@ def white_points(ax):
 def test_an_interrupted_run_is_drawn_unfinished(tmp_path, monkeypatch):
     """A cell whose run was interrupted is drawn at its accuracy so far, but hollow (a point
     of the accuracy and the state figure: that model's line leaves its marker out) or hatched
-    (a bar), and each title says what hollow and hatched mean; finished cells stay filled."""
+    (a bar), and each title says what hollow and hatched mean; finished cells stay filled. In
+    the curves its line is faint and labelled interrupted."""
     monkeypatch.chdir(tmp_path)
     base = dict(num_kv_pairs=2, vocab_size=256, out_dir="results/fig2")
     cells = [("attention", 32, 32, 0.3), ("attention", 64, 32, 0.4), ("h3", 32, 32, 0.5),
@@ -958,7 +959,11 @@ def test_an_interrupted_run_is_drawn_unfinished(tmp_path, monkeypatch):
         train.save_record(r, train.record_path(train.Config(**r["config"])))
     drawn = drawn_figures(monkeypatch)
     figure2.plot_fig2()
-    accuracy, state, _ = drawn
+    accuracy, state, curves = drawn
+    faint = {line.get_label() for line in curves.axes[0].lines if line.get_alpha() == 0.4}
+    assert faint == {"attention N=32 D=2 d=64 (interrupted)",
+                     "attention N=64 D=2 d=64 (interrupted)"}, faint
+    assert "faint: an interrupted run, unfinished" in title_of(curves).replace("\n", " ")
     lines, bars = accuracy.axes                             # N = 32: by width; N = 64: bars
     assert [y for _, y in white_points(lines)] == [0.4]
     [(x, _)] = white_points(lines)
