@@ -631,8 +631,9 @@ def evaluate(model, inputs, labels, batch_size=None):
 def score_split(model, split, names, limit=0):
     """evaluate over each slice of `split` (a list of (inputs, labels); the first `limit`
     examples of each, if > 0) and over them all: "acc" and "seq_acc" the mean over every
-    example (each slice weighed by its examples: with one slice, its scores), "loss" over
-    every labelled position; with several slices, "slices": each one's "acc" and "seq_acc"
+    example (each slice weighed by its examples: with one slice, its scores), "loss" the
+    slices' losses weighed alike (with one slice, over its every labelled position); with
+    several slices, "slices": each one's "acc" and "seq_acc"
     by its name (`names`). The official harness's `valid/accuracy` is this "acc": the mean
     over every test example of its per-query accuracy, which within an MQAR slice (D queries
     each) is the slice's per-query accuracy (zoology/train.py, `compute_metrics`)."""
