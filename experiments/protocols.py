@@ -139,7 +139,9 @@ CPU_STANDARD = dict(models={name: STACK.format(name) for name in PROTOCOL_MIXERS
 # d in {32, 64, 128, 256}; lr in {10^-3.5, 10^-2.5, 10^-2}, decayed linearly. Ours: the
 # default block and recipe where the paper says nothing, fillers uniform (the official
 # generator's random non-queries, on which its experiments ran: our reading), the decay
-# per step, test and validation 1,000 examples at D = N/4 (the paper gives no count)
+# per step, test and validation 1,000 examples at D = N/4 (the paper gives no count). At
+# N = 1024 the training split is 2^20 sequences, 17 GB of int64 tokens and labels: a GPU
+# machine's memory, not a laptop's
 HARDER_LRS = (3.16e-4, 3.16e-3, 1e-2)
 
 
@@ -165,8 +167,8 @@ SWEEPS = {
 }
 
 # The Mamba-2 paper's Figure 8, read off the figure (≈, ± 0.03): accuracy at d = 32, 64,
-# 128, 256 by N (the paper's models; Mamba at d_state 16, Mamba-2 at d_state 64, ours's
-# default)
+# 128, 256 by N (the paper's models; Mamba at d_state 16, Mamba-2 at d_state 64, ours'
+# default; the figure's d_state 16 and 256 lines are not drawn here)
 FIGURE8_SOURCE = ("the Mamba-2 paper's Figure 8 (Dao and Gu, 2024; read off the figure, "
                   "± 0.03; its scale)")
 FIGURE8 = {"attention": {256: (.50, .80, 1.0, 1.0), 512: (.05, .94, .98, 1.0),
