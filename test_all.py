@@ -2925,8 +2925,9 @@ def test_labelled_loss_is_cross_entropy_at_the_labelled_positions_written_out():
     """Mean over labelled positions of logsumexp(scores) - the label's score, scores = the
     hidden state times the tied embedding (projecting only the labelled rows);
     `right` counts each row's argmax hits (half the labels are set to the argmax here, so the
-    count is not trivially 0) and `labelled` its labels; the same to the bit as the rows a boolean mask picks; and with rows
-    of fewer labels than others (some removed), padded with unlabelled positions."""
+    count is not trivially 0) and `labelled` its labels; the same to the bit as the rows a
+    boolean mask picks; and with rows of fewer labels than others (some removed), padded
+    with unlabelled positions."""
     config, model, x, y = small_model(4, data_seed=3, double=True)
     with torch.no_grad():
         hidden = model(x)
@@ -3483,7 +3484,8 @@ def test_per_query_and_per_sequence_accuracy_and_slices_by_hand():
     assert (scores["acc"], scores["seq_acc"], scores["examples"]) == (0.5, 1 / 3, 3)
     other = (torch.tensor([[4, 4, 4]]), torch.tensor([[IGNORE, 5, 5]]))
     split = train.score_split(model, [(x, y), other], ["4:2", "3:2"])
-    assert split["slices"] == {"4:2": dict(acc=0.5, seq_acc=1 / 3), "3:2": dict(acc=1.0, seq_acc=1.0)}
+    assert split["slices"] == {"4:2": dict(acc=0.5, seq_acc=1 / 3),
+                               "3:2": dict(acc=1.0, seq_acc=1.0)}
     assert split["acc"] == pytest.approx((3 * 0.5 + 1 * 1.0) / 4)
     assert split["seq_acc"] == pytest.approx((1 + 1) / 4)
     assert "slices" not in train.score_split(model, [(x, y)], ["4:2"])

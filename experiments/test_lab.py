@@ -2511,7 +2511,8 @@ def test_a_protocol_tables_and_draws_each_slice_and_your_mixer_beside(tmp_path, 
     records = common.load_records("results/mqar_standard")
     attention = next(r for r in records if r["config"]["label"] == "attention")
     assert rows["attention"][-1] == train.acc_text(attention["test_slices"]["32:8"]["acc"])
-    assert rows["attention"][5] == f"{4 * protocols.state_size(train.Config(**attention['config']), 32):,}"
+    official = 4 * protocols.state_size(train.Config(**attention["config"]), 32)
+    assert rows["attention"][5] == f"{official:,}"
     assert cli.main(["--plot=mqar_standard"]) == 0
     for suffix in ("_slices", "_state"):
         assert (tmp_path / f"results/mqar_standard{suffix}.png").stat().st_size > 10_000
