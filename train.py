@@ -30,6 +30,7 @@ num_kv_pairs (D, Procedure 1), vocab_size (c), n_layers (L), M labelled position
 import contextlib
 import dataclasses
 import difflib
+import functools
 import hashlib
 import itertools
 import json
@@ -753,6 +754,15 @@ def segments(config, split):
     if split != "valid" and getattr(config, count) != getattr(Config, count):
         raise ValueError(f"{count}={getattr(config, count)} is not allowed with {key}={text!r}: "
                          f"each segment gives its own examples (N:D:examples)")
+    parsed = parse_segments(key, text, config.seq_len, config.vocab_size, config.power_a)
+    return [(N, D, config.num_valid if split == "valid" else examples)
+            for N, D, examples in parsed]
+
+
+@functools.lru_cache(maxsize=64)
+def parse_segments(key, text, seq_len, vocab_size, power_a):
+    """The (N, D, examples) of a train_segments or test_slices setting `text` (named `key`),
+    each checked as segments says; parsed once per setting (steps_per_epoch asks every step)."""
     parsed = []
     for entry in text.split(","):
         try:
@@ -761,19 +771,19 @@ def segments(config, split):
             raise ValueError(f"{key}={text!r} is not allowed: {entry!r} is not N:D:examples, "
                              "three integers (e.g. 64:4:100000); separate segments by commas "
                              "and give at least one") from None
-        if N > config.seq_len:
-            raise ValueError(f"{key}={text!r} is not allowed with seq_len={config.seq_len}: "
-                             f"its segment {entry} is longer than the longest sequence the "
-                             f"model takes (give seq_len >= {N})")
+        if N > seq_len:
+            raise ValueError(f"{key}={text!r} is not allowed with seq_len={seq_len}: its "
+                             f"segment {entry} is longer than the longest sequence the model "
+                             f"takes (give seq_len >= {N})")
         try:
-            multiquery_ar(0, config.vocab_size, N, D, config.power_a, seed=0)
+            multiquery_ar(0, vocab_size, N, D, power_a, seed=0)
         except ValueError as e:
             raise ValueError(f"{key}={text!r} is not allowed: its segment {entry}: {e}") from None
-        parsed.append((N, D, config.num_valid if split == "valid" else examples))
+        parsed.append((N, D, examples))
     if len({(N, D) for N, D, _ in parsed}) < len(parsed):
         raise ValueError(f"{key}={text!r} is not allowed: an (N, D) appears twice; give each "
                          "once with all its examples")
-    return parsed
+    return tuple(parsed)
 
 
 def slice_name(N, D):

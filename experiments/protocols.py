@@ -208,10 +208,24 @@ def slice_accuracy(record, name):
     return record["test_slices"][name]["acc"] if "test_slices" in record else record["test_acc"]
 
 
-def model_rank(name, sweep, records):
+def slice_mean(cell, name):
+    """A cell's test accuracy on slice `name`, the mean over its runs (seeds)."""
+    return sum(slice_accuracy(run, name) for run in cell["runs"]) / len(cell["runs"])
+
+
+def protocol_records(name, sweep, records=None):
+    """(the records of protocol `name`, results/<name>/ unless given, and their scale:
+    sweep_scale); a ValueError when there are none yet."""
+    records = load_records(f"results/{name}") if records is None else records
+    if not records:
+        raise ValueError(f"results/{name}/ has no records yet: python -m experiments "
+                         f"--sweep={name}")
+    return records, sweep_scale(name, sweep, records)
+
+
+def model_rank(name, sweep, scale):
     """The order of a protocol's rows (cells): its models as the grids of the records'
-    scale list them (sweep_scale), a mixer of your own last, then N and d."""
-    scale = sweep_scale(name, sweep, records)
+    `scale` list them, a mixer of your own last, then N and d."""
     order = model_order(name, {scale: sweep[scale]} if scale else sweep)
     return lambda r: (r["label"].endswith(" (yours)"), order.get(r["label"], len(order)),
                       r["seq_len"], r["d_model"])
@@ -222,11 +236,8 @@ def protocol_table(name, sweep, records=None):
     the state in both conventions, the mean over slices (validation, test, per-sequence
     test), then each slice's test accuracy; the slices longer than any training sequence
     marked "past training"."""
-    records = load_records(f"results/{name}") if records is None else records
-    if not records:
-        raise ValueError(f"results/{name}/ has no records yet: python -m experiments "
-                         f"--sweep={name}")
-    rows = sorted(cells(records), key=model_rank(name, sweep, records))
+    records, scale = protocol_records(name, sweep, records)
+    rows = sorted(cells(records), key=model_rank(name, sweep, scale))
     slices = slices_of(rows[0]["runs"][0])
     longest = trained_length(Config(**rows[0]["runs"][0]["config"]))
     header = ["model", "N", "d", "lr", "state (numbers, trained N)", "state (official bytes)",
@@ -243,8 +254,7 @@ def protocol_table(name, sweep, records=None):
                       acc_text(r["valid_acc"]), acc_text(r["test_acc"]),
                       acc_text(mean("test_seq_acc")),
                       ", ".join(sorted({run["ended"] for run in r["runs"]})),
-                      *(acc_text(sum(slice_accuracy(run, s) for run in r["runs"]) / len(r["runs"]))
-                        for s, _, _ in slices)])
+                      *(acc_text(slice_mean(r, s)) for s, _, _ in slices)])
     return markdown(header, table)
 
 
@@ -254,19 +264,15 @@ def plot_protocol(name, sweep, records=None, out=None):
     slices against the official state bytes (a line per model over its widths, best lr on
     validation) to <out>_state.png; mamba2_harder's accuracy against d, a panel per N, with
     the Mamba-2 paper's Figure 8 dotted, to <out>.png. Returns (records, paths)."""
-    records = load_records(f"results/{name}") if records is None else records
-    if not records:
-        raise ValueError(f"results/{name}/ has no records yet: python -m experiments "
-                         f"--sweep={name}")
+    records, scale = protocol_records(name, sweep, records)
     out = out or f"results/{name}"
     rows, plt = cells(records), pyplot()
-    rank = model_rank(name, sweep, records)
-    labels = [r["label"] for r in sorted(rows, key=rank)]
-    labels = list(dict.fromkeys(labels))
+    labels = list(dict.fromkeys(r["label"] for r in sorted(rows, key=model_rank(name, sweep,
+                                                                                  scale))))
     markers = model_markers(labels)
     unfinished = any(run["ended"] == "interrupted" for r in rows for run in r["runs"])
     note = ("; hollow: an interrupted run (not finished)" if unfinished else "")
-    scale = scale_text(sweep_scale(name, sweep, records))
+    scale = scale_text(scale)
     paths = []
 
     def style(r):
@@ -287,8 +293,7 @@ def plot_protocol(name, sweep, records=None, out=None):
             ax.axvspan(past[0] - 0.5, past[-1] + 0.5, color="0.92", zorder=0,
                        label=f"past the longest training N = {longest}")
         for r in sorted(at, key=lambda r: (labels.index(r["label"]), r["d_model"])):
-            acc = [sum(slice_accuracy(run, s) for run in r["runs"]) / len(r["runs"])
-                   for s, _, _ in slices]
+            acc = [slice_mean(r, s) for s, _, _ in slices]
             ax.plot(x, acc, lw=1.2, ms=4, label=f"{r['label']} d={r['d_model']}", **style(r))
         ax.set_xticks(list(x), [s for s, _, _ in slices], rotation=45, fontsize=7)
         ax.set(xlabel="test slice N:D", ylabel="test accuracy (per query)", ylim=(-0.02, 1.02))
